@@ -1,0 +1,65 @@
+"""Per-architecture limits and the kernel launch configs we ship, as data.
+
+Kernels never autotune on the serving path: each op reads its config from
+``KERNEL_CONFIGS`` here. The Ampere fitness tier (``deepinfer_sm80.testing.ampere_fit``)
+compiles exactly these configs for sm_80 and sm_86 on a CPU machine, so a config
+that does not fit Ampere fails CI instead of a user's server.
+
+Shared-memory figures are NVIDIA's (CUDA C Programming Guide, "Compute Capabilities"):
+opt-in per block 163 KB on sm80 and 99 KB on sm86; 48 KB is the static limit every
+CTA of ours stays under so the same config runs on both.
+"""
+
+from dataclasses import dataclass
+
+STATIC_SMEM_LIMIT_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
+class ArchLimits:
+    """What one compute capability offers a single CTA."""
+
+    name: str
+    capability: tuple[int, int]
+    optin_smem_per_block_bytes: int
+    max_regs_per_thread: int = 255
+
+
+SM80 = ArchLimits("sm80", (8, 0), optin_smem_per_block_bytes=166_912)
+SM86 = ArchLimits("sm86", (8, 6), optin_smem_per_block_bytes=101_376)
+AMPERE_ARCHES = (SM80, SM86)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One shipped launch config: warps, pipeline stages and block constexprs."""
+
+    num_warps: int
+    num_stages: int = 1
+    constexprs: tuple[tuple[str, int], ...] = ()
+
+    def constexpr_dict(self) -> dict[str, int]:
+        return dict(self.constexprs)
+
+
+# Chosen by measurement (benchmarks/); identical on sm80 and sm86 so far.
+KERNEL_CONFIGS: dict[str, LaunchConfig] = {
+    # One program per (request, worker); a row is 7 x 64 fp8 + 64 bf16, so one
+    # warp per 64-wide group keeps every load a full 64-byte sector.
+    "kv_cache.gather": LaunchConfig(num_warps=4, num_stages=1),
+    # One program per token; 4 warps cover the 512 + 128 row in two passes.
+    "kv_cache.insert": LaunchConfig(num_warps=4, num_stages=1),
+    # One CTA per query token writes its whole row (Top-K, SWA, -1 tail).
+    "topk_swa.combine": LaunchConfig(num_warps=4, num_stages=1),
+    "topk_swa.global_topk": LaunchConfig(num_warps=4, num_stages=1),
+}
+
+
+def kernel_config(name: str) -> LaunchConfig:
+    """The shipped config for ``name``; a missing name is a programming error."""
+    try:
+        return KERNEL_CONFIGS[name]
+    except KeyError:
+        raise KeyError(
+            f"no shipped launch config named {name!r}; known: {sorted(KERNEL_CONFIGS)}"
+        ) from None

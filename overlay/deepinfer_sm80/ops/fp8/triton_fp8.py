@@ -1,0 +1,72 @@
+"""Software OCP e4m3 (``float8_e4m3fn``) and UE8M0 for Triton on sm80/sm86.
+
+Ampere has no fp8 instructions, and Triton refuses the ``tl.float8e4nv`` type below
+sm_89 even as a bitcast target. These device functions work on the raw bytes with
+integer and fp32 arithmetic only, so every kernel that includes them compiles for
+sm_80/sm_86 and runs under ``TRITON_INTERPRET=1``.
+
+Bit-exact contract (tested exhaustively in ``tests/ops/test_fp8.py``):
+- ``e4m3_to_f32``: equals ``torch.float8_e4m3fn -> float32`` for all 256 bytes;
+  0x7F/0xFF (the e4m3fn NaN codes) decode to NaN.
+- ``f32_to_e4m3``: round-to-nearest-even, saturating at +-448; for every finite fp32
+  ``x`` it equals torch's conversion of ``clamp(x, -448, 448)``. NaN encodes to 0x7F
+  with the input's sign bit (0x7F / 0xFF), as torch does.
+- ``ue8m0_to_f32``: ``byte << 23`` reinterpreted as fp32, i.e. exactly ``2**(s-127)``
+  for s in 1..254. Byte 0 decodes to +0.0 (not the denormal 2**-127) and byte 255 to
+  +inf (the OCP MX NaN code). vLLM's encoder never writes either (its amax floor of
+  1e-4 bounds the exponent to [-21, 127 - 127]); an inf scale makes a corrupt record
+  visible as inf/NaN instead of a plausible finite value.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def e4m3_to_f32(byte):
+    """Decode e4m3fn bytes (any integer tensor holding 0..255) to fp32, exactly."""
+    b = byte.to(tl.int32) & 0xFF
+    sign = (b >> 7) << 31
+    exp = (b >> 3) & 0xF
+    mant = b & 0x7
+    # Normal numbers: rebias the exponent (7 -> 127) and widen the 3-bit mantissa.
+    normal = (sign | ((exp + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
+    # Subnormals: mant * 2**-9, exact in fp32 (no denormal fp32 involved).
+    sub_mag = mant.to(tl.float32) * 0.001953125
+    sub = tl.where(sign != 0, -sub_mag, sub_mag)
+    val = tl.where(exp == 0, sub, normal)
+    return tl.where((b & 0x7F) == 0x7F, float("nan"), val)
+
+
+@triton.jit
+def f32_to_e4m3(x):
+    """Encode fp32 to e4m3fn bytes (int32 in 0..255), RNE, saturating at +-448."""
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 31) & 1
+    is_nan = x != x
+    mag = tl.minimum(tl.abs(x), 448.0)
+    mbits = mag.to(tl.int32, bitcast=True)
+    f32_exp = mbits >> 23
+    # Normal e4m3 (mag >= 2**-6, biased fp32 exponent >= 121): round the 23-bit
+    # mantissa to 3 bits, ties to even; a carry correctly bumps the exponent.
+    lsb = (mbits >> 20) & 1
+    r_norm = ((mbits + 0x7FFFF + lsb) >> 20) - (120 << 3)
+    # Subnormal e4m3: round(mag * 2**9) to an integer 0..8, ties to even, computed on
+    # the integer significand: mag * 2**9 = m * 2**(f32_exp - 141).
+    m = (mbits & 0x7FFFFF) | 0x800000
+    sh = tl.minimum(141 - f32_exp, 30)
+    sh = tl.maximum(sh, 1)
+    q = m >> sh
+    rem = m & ((1 << sh) - 1)
+    half = 1 << (sh - 1)
+    round_up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+    r_sub = q + round_up.to(tl.int32)
+    r = tl.where(f32_exp >= 121, r_norm, r_sub)
+    r = tl.where(is_nan, 0x7F, r)
+    return r | (sign << 7)
+
+
+@triton.jit
+def ue8m0_to_f32(byte):
+    """Decode UE8M0 scale bytes to fp32 by integer shift: exactly 2**(s-127)."""
+    return ((byte.to(tl.int32) & 0xFF) << 23).to(tl.float32, bitcast=True)

@@ -1,0 +1,1 @@
+"""Reusable test harnesses: Ampere AOT fitness, memory poisoning, comparisons."""

@@ -1,0 +1,204 @@
+"""Ampere fitness: compile shipped Triton kernel configs for sm_80/sm_86 on any machine.
+
+No GPU is needed. Each ``KernelSpec`` names a ``@triton.jit`` kernel, its argument
+types and the constexprs and launch parameters we ship; ``compile_for_ampere`` builds
+it with Triton's ``GPUTarget("cuda", cc, 32)`` and runs the ptxas bundled with Triton
+on the PTX to read registers and spills. ``fit_violations`` turns the reports into
+human-readable failures: shared memory over 48 KB per CTA, any spill, or a failed
+compile (an ``fp8e4nv`` type, for instance, which Triton rejects below sm_89).
+
+Compilation runs in a subprocess with ``TRITON_INTERPRET`` removed: a process that
+runs kernels under the interpreter holds interpreter objects, not compilable ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+from deepinfer_sm80.arch import AMPERE_ARCHES, STATIC_SMEM_LIMIT_BYTES
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel config as it ships.
+
+    Args:
+        label: name shown in reports, e.g. ``"kv_cache.gather"``.
+        kernel: ``"package.module:attr"`` (dots allowed after the colon) of the kernel.
+        signature: argument name -> Triton type (``"*u8"``, ``"*bf16"``, ``"i32"``,
+            ``"i64"``...); constexpr arguments go in ``constexprs`` instead.
+        constexprs: constexpr argument values.
+        num_warps, num_stages: launch parameters.
+        aligned_pointers: compile as if every pointer is 16-byte aligned, the case
+            Triton specializes for at run time (wider vector loads, more registers).
+    """
+
+    label: str
+    kernel: str
+    signature: dict[str, str]
+    constexprs: dict[str, int | bool] = field(default_factory=dict)
+    num_warps: int = 4
+    num_stages: int = 1
+    aligned_pointers: bool = True
+
+
+@dataclass(frozen=True)
+class FitReport:
+    label: str
+    arch: str
+    shared_bytes: int | None
+    registers: int | None
+    spill_store_bytes: int | None
+    spill_load_bytes: int | None
+    error: str | None = None
+
+
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def _resolve(path: str):
+    module_name, _, attr_path = path.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in attr_path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _compile_one(spec: KernelSpec, cc: int) -> FitReport:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    arch = f"sm_{cc}"
+    try:
+        fn = _resolve(spec.kernel)
+        names = list(fn.arg_names)
+        unknown = set(spec.signature) | set(spec.constexprs)
+        unknown -= set(names)
+        if unknown:
+            raise ValueError(f"{spec.kernel} has no arguments named {sorted(unknown)}")
+        signature = {}
+        for name in names:
+            if name in spec.constexprs:
+                signature[name] = "constexpr"
+            elif name in spec.signature:
+                signature[name] = spec.signature[name]
+            else:
+                raise ValueError(f"{spec.label}: argument {name!r} missing from the spec")
+        attrs = {}
+        if spec.aligned_pointers:
+            for i, name in enumerate(names):
+                if signature[name].startswith("*"):
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        src = triton.compiler.ASTSource(
+            fn=fn, signature=signature, constexprs=dict(spec.constexprs), attrs=attrs
+        )
+        compiled = triton.compile(
+            src,
+            target=GPUTarget("cuda", cc, 32),
+            options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            ptx = os.path.join(tmp, "k.ptx")
+            with open(ptx, "w") as f:
+                f.write(compiled.asm["ptx"])
+            ptxas = get_ptxas(cc).path
+            run = subprocess.run(
+                [ptxas, "-v", f"--gpu-name={arch}", ptx, "-o", os.path.join(tmp, "k.cubin")],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        if run.returncode != 0:
+            raise RuntimeError(f"ptxas failed: {run.stderr.strip()}")
+        regs = _PTXAS_REGS.search(run.stderr)
+        spill = _PTXAS_SPILL.search(run.stderr)
+        if regs is None or spill is None:
+            raise RuntimeError(f"could not parse ptxas -v output: {run.stderr.strip()}")
+        return FitReport(
+            spec.label,
+            arch,
+            int(compiled.metadata.shared),
+            int(regs.group(1)),
+            int(spill.group(1)),
+            int(spill.group(2)),
+        )
+    except Exception as exc:  # noqa: BLE001 -- every failure becomes a report line
+        msg = f"{type(exc).__name__}: {exc}"
+        return FitReport(spec.label, arch, None, None, None, None, error=msg[:2000])
+
+
+def _compile_in_this_process(specs: list[KernelSpec], ccs: list[int]) -> list[FitReport]:
+    return [_compile_one(spec, cc) for spec in specs for cc in ccs]
+
+
+def compile_for_ampere(
+    specs: list[KernelSpec], ccs: list[int] | None = None, timeout_s: float = 900
+) -> list[FitReport]:
+    """Compile every spec for every compute capability (default 80 and 86)."""
+    if ccs is None:
+        ccs = [major * 10 + minor for major, minor in (a.capability for a in AMPERE_ARCHES)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    payload = json.dumps({"specs": [asdict(s) for s in specs], "ccs": ccs})
+    run = subprocess.run(
+        [sys.executable, "-m", "deepinfer_sm80.testing.ampere_fit"],
+        input=payload,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_s,
+        check=False,
+    )
+    if run.returncode != 0:
+        raise RuntimeError(f"AOT compile subprocess failed:\n{run.stderr[-4000:]}")
+    return [FitReport(**r) for r in json.loads(run.stdout.strip().splitlines()[-1])]
+
+
+def fit_violations(
+    reports: list[FitReport], smem_limit: int = STATIC_SMEM_LIMIT_BYTES
+) -> list[str]:
+    """Every way the reports miss the Ampere budget, one line each (empty = fits)."""
+    problems = []
+    for r in reports:
+        where = f"{r.label} on {r.arch}"
+        if r.error is not None:
+            problems.append(f"{where}: compile failed: {r.error}")
+            continue
+        if r.shared_bytes > smem_limit:
+            problems.append(f"{where}: {r.shared_bytes} B shared memory > {smem_limit} B")
+        if r.spill_store_bytes or r.spill_load_bytes:
+            problems.append(
+                f"{where}: spills ({r.spill_store_bytes} B stores, "
+                f"{r.spill_load_bytes} B loads) at {r.registers} registers"
+            )
+    return problems
+
+
+def format_reports(reports: list[FitReport]) -> str:
+    lines = [f"{'kernel':32} {'arch':6} {'smem B':>8} {'regs':>5} {'spill':>6}"]
+    for r in reports:
+        if r.error:
+            lines.append(f"{r.label:32} {r.arch:6} ERROR {r.error.splitlines()[0][:80]}")
+        else:
+            spill = r.spill_store_bytes + r.spill_load_bytes
+            lines.append(f"{r.label:32} {r.arch:6} {r.shared_bytes:>8} {r.registers:>5} {spill:>6}")
+    return "\n".join(lines)
+
+
+def _main() -> None:
+    request = json.loads(sys.stdin.read())
+    specs = [KernelSpec(**s) for s in request["specs"]]
+    reports = _compile_in_this_process(specs, request["ccs"])
+    print(json.dumps([asdict(r) for r in reports]))
+
+
+if __name__ == "__main__":
+    _main()

@@ -44,9 +44,8 @@ class LaunchConfig:
 
 # Chosen by measurement (benchmarks/); identical on sm80 and sm86 so far.
 KERNEL_CONFIGS: dict[str, LaunchConfig] = {
-    # One program per (request, worker); a row is 7 x 64 fp8 + 64 bf16, so one
-    # warp per 64-wide group keeps every load a full 64-byte sector.
-    "kv_cache.gather": LaunchConfig(num_warps=4, num_stages=1),
+    # Programs loop over tiles of ROWS records (7 x 64 e4m3 + 64 bf16 each).
+    "kv_cache.gather": LaunchConfig(num_warps=4, num_stages=1, constexprs=(("ROWS", 8),)),
     # One program per token; 4 warps cover the 512 + 128 row in two passes.
     "kv_cache.insert": LaunchConfig(num_warps=4, num_stages=1),
     # One CTA per query token writes its whole row (Top-K, SWA, -1 tail).

@@ -27,7 +27,6 @@ from deepinfer_sm80.ops.kv_cache.layout import (
 )
 from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
-GATHER_ROWS = 8  # rows per tile: 8 x 512 outputs = 32 per thread at 4 warps
 _GATHER_MAX_PROGRAMS = 8192  # per request; programs loop over further tiles
 
 
@@ -227,11 +226,12 @@ def dequantize_and_gather_k_cache(
         check_int("max_gather_len", max_gather_len, minimum=0)
     if num_reqs == 0:
         return
+    cfg = kernel_config("kv_cache.gather")
+    rows_per_tile = cfg.constexpr_dict()["ROWS"]
     bound = out.shape[1] - offset
     if max_gather_len is not None:
         bound = min(bound, max_gather_len)
-    programs = max(1, min(triton.cdiv(bound, GATHER_ROWS), _GATHER_MAX_PROGRAMS))
-    cfg = kernel_config("kv_cache.gather")
+    programs = max(1, min(triton.cdiv(bound, rows_per_tile), _GATHER_MAX_PROGRAMS))
     kv_gather_v4_kernel[(programs, num_reqs)](
         out,
         out.stride(0),
@@ -246,7 +246,7 @@ def dequantize_and_gather_k_cache(
         offset,
         HAS_GATHER_LENS=gather_lens is not None,
         BLOCK_SIZE=block_size,
-        ROWS=GATHER_ROWS,
+        ROWS=rows_per_tile,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -342,7 +342,7 @@ def ampere_kernel_specs() -> list[KernelSpec]:
                     constexprs={
                         "HAS_GATHER_LENS": has_gather_lens,
                         "BLOCK_SIZE": block_size,
-                        "ROWS": GATHER_ROWS,
+                        "ROWS": gather.constexpr_dict()["ROWS"],
                     },
                     num_warps=gather.num_warps,
                     num_stages=gather.num_stages,

@@ -46,13 +46,12 @@ def combine_topk_swa_indices_ref(
         for t in range(qsl[b], qsl[b + 1]):
             pos = seq_len - query_len + (t - qsl[b])
             topk_len = max(min((pos + 1) // compress_ratio, topk), 0) if compress_ratio else 0
-            for j in range(topk_len):
-                idx = int(tk[t, j])
-                out[t, j] = b * M + idx if 0 <= idx < N else -1
+            idx = tk[t, :topk_len]
+            out[t, :topk_len] = torch.where((idx >= 0) & (idx < N), b * M + idx, -1)
             swa_start = max(pos - window_size + 1, 0, gather_start)
             swa_len = max(pos - swa_start + 1, 0)
-            for j in range(swa_len):
-                out[t, topk_len + j] = b * M + N + swa_start - gather_start + j
+            first = b * M + N + swa_start - gather_start
+            out[t, topk_len : topk_len + swa_len] = torch.arange(first, first + swa_len)
             lens[t] = topk_len + swa_len
     return out.to(topk_indices.device), lens.to(topk_indices.device)
 

@@ -1,0 +1,325 @@
+"""The benchmark runner every suite shares.
+
+A suite registers ``Case``s. For each case the runner builds inputs outside any timed
+region, runs the baseline and the candidate side by side in one process on one GPU,
+checks the candidate against the baseline **before** timing (bit-exact or the op's
+tolerance) and refuses to time or report a speed-up when the check fails. Timings are
+medians with p20/p80 (``triton.testing.do_bench``, which flushes L2 between
+repetitions). Each report also measures, in the same run, the device copy bandwidth and
+an empty-kernel launch time, so gates are fractions of this device's own limits.
+
+Output: ``benchmarks/results/<gpu>.json`` (one file per GPU, suites merged into it) and
+``benchmarks/results/sm80_benchmark_summary.json`` keyed by GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SUMMARY_FILE = "sm80_benchmark_summary.json"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A pass/fail target on the candidate, evaluated from measured numbers.
+
+    ``kind``: ``"floor_ratio_max"`` -- candidate time / device floor (empty-kernel launch
+    + bytes at copy bandwidth) must be <= ``value``; ``"bandwidth_fraction_min"`` --
+    achieved bytes/s over the measured copy bandwidth must be >= ``value``.
+    """
+
+    kind: str
+    value: float
+
+
+@dataclass
+class Case:
+    """One benchmark case.
+
+    ``setup()`` returns the inputs (built outside timing); ``baseline(state)`` and
+    ``candidate(state)`` each return their output; ``check(state, base_out, cand_out)``
+    compares them. ``bytes_moved(state)`` is the minimum traffic of the op, for GB/s.
+    """
+
+    suite: str
+    name: str
+    params: dict[str, Any]
+    setup: Callable[[], Any]
+    baseline_name: str
+    baseline: Callable[[Any], Any]
+    candidate_name: str
+    candidate: Callable[[Any], Any]
+    check: Callable[[Any, Any, Any], CheckResult]
+    bytes_moved: Callable[[Any], int] | None = None
+    gates: list[Gate] = field(default_factory=list)
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._cases: list[Case] = []
+
+    def add(self, case: Case) -> Case:
+        if any(c.suite == case.suite and c.name == case.name for c in self._cases):
+            raise ValueError(f"duplicate benchmark case {case.suite}/{case.name}")
+        self._cases.append(case)
+        return case
+
+    def cases(self, suite: str | None = None) -> list[Case]:
+        return [c for c in self._cases if suite is None or c.suite == suite]
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p20_us: float
+    p80_us: float
+
+
+class CudaTimer:
+    """Times a callable on the current CUDA device with ``triton.testing.do_bench``."""
+
+    def __init__(self, warmup_ms: int = 25, rep_ms: int = 100) -> None:
+        self.warmup_ms = warmup_ms
+        self.rep_ms = rep_ms
+
+    def __call__(self, fn: Callable[[], Any]) -> Timing:
+        import triton.testing
+
+        med, p20, p80 = triton.testing.do_bench(
+            fn, warmup=self.warmup_ms, rep=self.rep_ms, quantiles=[0.5, 0.2, 0.8]
+        )
+        return Timing(med * 1e3, p20 * 1e3, p80 * 1e3)
+
+
+def device_info() -> dict[str, Any]:
+    import torch
+    import triton
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda_runtime": torch.version.cuda,
+    }
+    try:
+        import tilelang
+
+        info["tilelang"] = tilelang.__version__
+    except Exception:  # noqa: BLE001 -- optional on a GPU test machine
+        info["tilelang"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            gpu=props.name,
+            sm_count=props.multi_processor_count,
+            capability=f"{props.major}.{props.minor}",
+            memory_gib=round(props.total_memory / 2**30, 1),
+        )
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:  # noqa: BLE001 -- NVML is optional
+            info["driver"] = None
+    return info
+
+
+def measure_copy_bandwidth_gbs(timer: Callable, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = timer(lambda: dst.copy_(src))
+    return 2 * nbytes / (t.median_us * 1e-6) / 1e9
+
+
+def measure_empty_kernel_us(timer: Callable) -> float:
+    """Launch-to-completion time of an empty Triton kernel, as timed by ``timer``."""
+    import torch
+
+    from benchmarks._empty_kernel import launch_empty
+
+    x = torch.empty(1, device="cuda")
+    launch_empty(x)
+    return timer(lambda: launch_empty(x)).median_us
+
+
+def gpu_slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_") or "unknown_gpu"
+
+
+def run_case(case: Case, timer: Callable, copy_gbs: float, launch_us: float) -> dict[str, Any]:
+    """Check first, then time. A failed check yields no timing and no speed-up."""
+    state = case.setup()
+    # Candidate first, so a stale correct answer left by the baseline cannot hide a bug.
+    cand_out = case.candidate(state)
+    base_out = case.baseline(state)
+    check = case.check(state, base_out, cand_out)
+    row: dict[str, Any] = {
+        "suite": case.suite,
+        "case": case.name,
+        "params": case.params,
+        "baseline": case.baseline_name,
+        "candidate": case.candidate_name,
+        "correct": check.ok,
+        "check": check.detail,
+    }
+    if not check.ok:
+        row["status"] = "correctness-failed: not timed, no speed-up reported"
+        return row
+    t_base = timer(lambda: case.baseline(state))
+    t_cand = timer(lambda: case.candidate(state))
+    row.update(
+        status="ok",
+        baseline_us={"median": t_base.median_us, "p20": t_base.p20_us, "p80": t_base.p80_us},
+        candidate_us={"median": t_cand.median_us, "p20": t_cand.p20_us, "p80": t_cand.p80_us},
+        speedup=t_base.median_us / t_cand.median_us,
+    )
+    if case.bytes_moved is not None:
+        nbytes = case.bytes_moved(state)
+        achieved = nbytes / (t_cand.median_us * 1e-6) / 1e9
+        floor_us = launch_us + nbytes / (copy_gbs * 1e9) * 1e6
+        row.update(
+            bytes=nbytes,
+            candidate_gbs=achieved,
+            fraction_of_copy_bw=achieved / copy_gbs,
+            device_floor_us=floor_us,
+            floor_ratio=t_cand.median_us / floor_us,
+        )
+    gates = []
+    for gate in case.gates:
+        if gate.kind == "floor_ratio_max":
+            value = row.get("floor_ratio", math.inf)
+            passed = value <= gate.value
+        elif gate.kind == "bandwidth_fraction_min":
+            value = row.get("fraction_of_copy_bw", 0.0)
+            passed = value >= gate.value
+        else:
+            raise ValueError(f"unknown gate kind {gate.kind!r} in {case.suite}/{case.name}")
+        gates.append({"kind": gate.kind, "target": gate.value, "value": value, "passed": passed})
+    row["gates"] = gates
+    return row
+
+
+def run_suite(
+    suite: str,
+    cases: list[Case],
+    timer: Callable | None = None,
+    results_dir: Path = RESULTS_DIR,
+    info: dict[str, Any] | None = None,
+    copy_gbs: float | None = None,
+    launch_us: float | None = None,
+) -> dict[str, Any]:
+    """Run ``cases``, print a progress line each, merge the report into the results."""
+    timer = timer or CudaTimer()
+    info = info or device_info()
+    copy_gbs = copy_gbs if copy_gbs is not None else measure_copy_bandwidth_gbs(timer)
+    launch_us = launch_us if launch_us is not None else measure_empty_kernel_us(timer)
+    label = (
+        f"{info.get('gpu')} | torch {info.get('torch')} | triton {info.get('triton')} | "
+        f"CUDA {info.get('cuda_runtime')} | driver {info.get('driver')}"
+    )
+    print(f"[{suite}] {label}", flush=True)
+    print(f"[{suite}] copy {copy_gbs:.0f} GB/s, empty kernel {launch_us:.2f} us", flush=True)
+    rows = []
+    for i, case in enumerate(cases, 1):
+        t0 = time.perf_counter()
+        row = run_case(case, timer, copy_gbs, launch_us)
+        rows.append(row)
+        print(
+            f"[{suite}] {i}/{len(cases)} {_progress(row)} ({time.perf_counter() - t0:.1f}s)",
+            flush=True,
+        )
+    report = {
+        "suite": suite,
+        "device": info,
+        "label": label,
+        "copy_bandwidth_gbs": copy_gbs,
+        "empty_kernel_us": launch_us,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cases": rows,
+    }
+    write_report(report, results_dir)
+    return report
+
+
+def _progress(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"{row['case']}: {row['status']} ({row['check']})"
+    text = (
+        f"{row['case']}: {row['candidate_us']['median']:.2f} us vs {row['baseline']} "
+        f"{row['baseline_us']['median']:.2f} us ({row['speedup']:.2f}x)"
+    )
+    if "candidate_gbs" in row:
+        text += f", {row['candidate_gbs']:.0f} GB/s ({100 * row['fraction_of_copy_bw']:.0f}% copy)"
+    for gate in row["gates"]:
+        text += f", gate {gate['kind']} {'PASS' if gate['passed'] else 'FAIL'}"
+    return text
+
+
+def write_report(report: dict[str, Any], results_dir: Path) -> Path:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    gpu = gpu_slug(str(report["device"].get("gpu") or "unknown_gpu"))
+    path = results_dir / f"{gpu}.json"
+    per_gpu = json.loads(path.read_text()) if path.exists() else {"suites": {}}
+    per_gpu["device"] = report["device"]
+    per_gpu["suites"][report["suite"]] = report
+    path.write_text(json.dumps(per_gpu, indent=1, sort_keys=True) + "\n")
+    summary_path = results_dir / SUMMARY_FILE
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary[gpu] = per_gpu
+    summary_path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def exact_check(base: Any, cand: Any) -> CheckResult:
+    """Bit-exact equality of tensors (or tuples of tensors); NaN positions must match."""
+    import torch
+
+    bases = base if isinstance(base, tuple | list) else (base,)
+    cands = cand if isinstance(cand, tuple | list) else (cand,)
+    for i, (b, c) in enumerate(zip(bases, cands, strict=True)):
+        if b.shape != c.shape or b.dtype != c.dtype:
+            return CheckResult(
+                False, f"output {i}: {tuple(c.shape)}/{c.dtype} vs {tuple(b.shape)}/{b.dtype}"
+            )
+        if b.is_floating_point():
+            ib = b.view(torch.int16 if b.element_size() == 2 else torch.int32)
+            ic = c.view(ib.dtype)
+            diff = (ib != ic) & ~(torch.isnan(b) & torch.isnan(c))
+        else:
+            diff = b != c
+        n = int(diff.sum())
+        if n:
+            return CheckResult(False, f"output {i}: {n} elements differ")
+    return CheckResult(True, "bit-exact")
+
+
+def main_for_suite(suite: str, registry: Registry) -> int:
+    report = run_suite(suite, registry.cases(suite))
+    failed = [r["case"] for r in report["cases"] if not r["correct"]]
+    gate_failed = [
+        r["case"] for r in report["cases"] if any(not g["passed"] for g in r.get("gates", []))
+    ]
+    if failed:
+        print(f"[{suite}] correctness FAILED: {failed}", file=sys.stderr)
+    if gate_failed:
+        print(f"[{suite}] gates missed: {gate_failed}", file=sys.stderr)
+    return 1 if failed else 0

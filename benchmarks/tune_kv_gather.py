@@ -1,0 +1,50 @@
+"""Pick the gather's launch config by measurement: ``--tune`` style sweep.
+
+Prints GB/s (584 B read + 1,024 B written per row) for each (ROWS, num_warps) on a 48K
+gather, checking every config bit-exact against the shipped one first. The winner is
+written into ``deepinfer_sm80/arch.py`` by hand, with the GPU it was measured on.
+
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.tune_kv_gather``
+"""
+
+import dataclasses
+
+import torch
+
+from benchmarks.microbench_sm80_kernels import build_registry
+from benchmarks.runner import CudaTimer, device_info, exact_check
+from deepinfer_sm80 import arch
+from deepinfer_sm80.ops.kv_cache.layout import RECORD_BYTES
+
+
+def main() -> None:
+    info = device_info()
+    print(f"{info['gpu']} | torch {info['torch']} | triton {info['triton']}")
+    case = next(c for c in build_registry().cases() if c.name == "gather_48K")
+    state = case.setup()
+    reference = case.candidate(state).clone()
+    timer = CudaTimer()
+    shipped = arch.KERNEL_CONFIGS["kv_cache.gather"]
+    rows_total = sum(case.params["lens"])
+    try:
+        for rows in (2, 4, 8, 16):
+            for warps in (2, 4, 8):
+                arch.KERNEL_CONFIGS["kv_cache.gather"] = dataclasses.replace(
+                    shipped, num_warps=warps, constexprs=(("ROWS", rows),)
+                )
+                state[3].fill_(float("nan"))
+                out = case.candidate(state)
+                check = exact_check(reference, out)
+                if not check.ok:
+                    print(f"ROWS={rows:2} warps={warps}: WRONG ({check.detail})")
+                    continue
+                t = timer(lambda: case.candidate(state))
+                gbs = rows_total * (RECORD_BYTES + 1024) / (t.median_us * 1e-6) / 1e9
+                print(f"ROWS={rows:2} warps={warps}: {t.median_us:8.2f} us {gbs:7.0f} GB/s")
+    finally:
+        arch.KERNEL_CONFIGS["kv_cache.gather"] = shipped
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()

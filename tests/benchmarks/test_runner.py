@@ -1,0 +1,110 @@
+"""The shared benchmark runner: check before timing, no speed-up on a failed check,
+gates from measured device limits, results merged per GPU (CPU, fake timer)."""
+
+import json
+
+import torch
+
+from benchmarks.runner import (
+    Case,
+    CheckResult,
+    Gate,
+    Timing,
+    exact_check,
+    run_suite,
+)
+
+INFO = {"gpu": "Fake GPU 80GB", "torch": "x", "triton": "y"}
+
+
+class FakeTimer:
+    """Returns the duration each callable reports, so tests control the timings."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, fn):
+        self.calls += 1
+        us = fn()
+        return Timing(us, us * 0.9, us * 1.1)
+
+
+def _case(name, correct, base_us=10.0, cand_us=2.0, nbytes=1_000_000, gates=()):
+    return Case(
+        suite="s",
+        name=name,
+        params={},
+        setup=lambda: None,
+        baseline_name="base",
+        baseline=lambda s: base_us,
+        candidate_name="cand",
+        candidate=lambda s: cand_us,
+        check=lambda s, b, c: CheckResult(correct, "ok" if correct else "mismatch"),
+        bytes_moved=lambda s: nbytes,
+        gates=list(gates),
+    )
+
+
+def test_failed_check_is_not_timed_and_reports_no_speedup(tmp_path):
+    timer = FakeTimer()
+    report = run_suite(
+        "s",
+        [_case("bad", False)],
+        timer=timer,
+        results_dir=tmp_path,
+        info=INFO,
+        copy_gbs=1000.0,
+        launch_us=1.0,
+    )
+    (row,) = report["cases"]
+    assert timer.calls == 0
+    assert not row["correct"] and "speedup" not in row and "candidate_us" not in row
+    assert row["status"].startswith("correctness-failed")
+
+
+def test_speedup_bandwidth_and_gates(tmp_path):
+    # 1 MB in 2 us = 500 GB/s = 50% of 1000 GB/s; floor = 1 us + 1 us = 2 us -> ratio 1.
+    gates = [Gate("bandwidth_fraction_min", 0.7), Gate("floor_ratio_max", 3.0)]
+    report = run_suite(
+        "s",
+        [_case("good", True, gates=gates)],
+        timer=FakeTimer(),
+        results_dir=tmp_path,
+        info=INFO,
+        copy_gbs=1000.0,
+        launch_us=1.0,
+    )
+    (row,) = report["cases"]
+    assert row["speedup"] == 5.0
+    assert abs(row["candidate_gbs"] - 500.0) < 1e-9
+    assert abs(row["floor_ratio"] - 1.0) < 1e-9
+    assert [g["passed"] for g in row["gates"]] == [False, True]
+
+
+def test_results_are_merged_per_gpu_and_in_summary(tmp_path):
+    for suite in ("a", "b"):
+        case = _case("c", True)
+        case.suite = suite
+        run_suite(
+            suite,
+            [case],
+            timer=FakeTimer(),
+            results_dir=tmp_path,
+            info=INFO,
+            copy_gbs=1000.0,
+            launch_us=1.0,
+        )
+    per_gpu = json.loads((tmp_path / "Fake_GPU_80GB.json").read_text())
+    assert set(per_gpu["suites"]) == {"a", "b"}
+    summary = json.loads((tmp_path / "sm80_benchmark_summary.json").read_text())
+    assert set(summary) == {"Fake_GPU_80GB"}
+    assert summary["Fake_GPU_80GB"]["suites"]["b"]["label"].startswith("Fake GPU 80GB")
+
+
+def test_exact_check_detects_one_flipped_bit_and_matches_nan():
+    a = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.bfloat16)
+    b = a.clone()
+    assert exact_check(a, b).ok
+    b.view(torch.int16)[2] ^= 1
+    assert not exact_check(a, b).ok
+    assert not exact_check(torch.arange(3), torch.arange(3) + 1).ok

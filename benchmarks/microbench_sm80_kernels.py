@@ -24,7 +24,7 @@ SUITE = "kernels"
 
 def _random_cache(num_blocks: int, block_size: int, seed: int) -> torch.Tensor:
     stride = page_bytes(block_size)
-    flat = torch.empty(num_blocks * stride, dtype=torch.uint8, device="cuda")
+    flat = torch.zeros(num_blocks * stride, dtype=torch.uint8, device="cuda")
     cache = flat.as_strided((num_blocks, block_size, RECORD_BYTES), (stride, RECORD_BYTES, 1))
     g = torch.Generator(device="cuda").manual_seed(seed)
     data, scales = page_views(cache, block_size)

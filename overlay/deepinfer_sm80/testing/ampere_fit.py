@@ -38,6 +38,10 @@ class KernelSpec:
         num_warps, num_stages: launch parameters.
         aligned_pointers: compile as if every pointer is 16-byte aligned, the case
             Triton specializes for at run time (wider vector loads, more registers).
+        ints_divisible_by_16: integer arguments that are multiples of 16 in production
+            (strides, page sizes); Triton specializes those at run time too, and the
+            vectorization -- hence registers -- depends on it. Integer arguments equal to
+            1 at run time (unit strides) belong in ``constexprs`` as 1, as Triton does.
     """
 
     label: str
@@ -47,6 +51,7 @@ class KernelSpec:
     num_warps: int = 4
     num_stages: int = 1
     aligned_pointers: bool = True
+    ints_divisible_by_16: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,10 +99,10 @@ def _compile_one(spec: KernelSpec, cc: int) -> FitReport:
             else:
                 raise ValueError(f"{spec.label}: argument {name!r} missing from the spec")
         attrs = {}
-        if spec.aligned_pointers:
-            for i, name in enumerate(names):
-                if signature[name].startswith("*"):
-                    attrs[(i,)] = [["tt.divisibility", 16]]
+        for i, name in enumerate(names):
+            is_ptr = signature[name].startswith("*")
+            if (is_ptr and spec.aligned_pointers) or name in spec.ints_divisible_by_16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
         src = triton.compiler.ASTSource(
             fn=fn, signature=signature, constexprs=dict(spec.constexprs), attrs=attrs
         )
@@ -195,7 +200,10 @@ def format_reports(reports: list[FitReport]) -> str:
 
 def _main() -> None:
     request = json.loads(sys.stdin.read())
-    specs = [KernelSpec(**s) for s in request["specs"]]
+    specs = [
+        KernelSpec(**{**s, "ints_divisible_by_16": tuple(s["ints_divisible_by_16"])})
+        for s in request["specs"]
+    ]
     reports = _compile_in_this_process(specs, request["ccs"])
     print(json.dumps([asdict(r) for r in reports]))
 

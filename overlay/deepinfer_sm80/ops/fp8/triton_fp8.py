@@ -24,17 +24,16 @@ import triton.language as tl
 
 @triton.jit
 def e4m3_to_f32(byte):
-    """Decode e4m3fn bytes (any integer tensor holding 0..255) to fp32, exactly."""
-    b = byte.to(tl.int32) & 0xFF
-    sign = (b >> 7) << 31
-    exp = (b >> 3) & 0xF
-    mant = b & 0x7
-    # Normal numbers: rebias the exponent (7 -> 127) and widen the 3-bit mantissa.
-    normal = (sign | ((exp + 120) << 23) | (mant << 20)).to(tl.float32, bitcast=True)
-    # Subnormals: mant * 2**-9, exact in fp32 (no denormal fp32 involved).
-    sub_mag = mant.to(tl.float32) * 0.001953125
-    sub = tl.where(sign != 0, -sub_mag, sub_mag)
-    val = tl.where(exp == 0, sub, normal)
+    """Decode e4m3fn bytes (uint8 values held in any integer type) to fp32, exactly.
+
+    The byte's sign goes to fp32 bit 31 and its 7 exponent/mantissa bits to fp32 bits
+    26..20; read as fp32 that is the e4m3 value times 2**-120 (an fp32 denormal when the
+    e4m3 exponent is 0), so one multiply by 2**120 finishes normals and subnormals alike.
+    About 8 integer/fp ops per value: the gather is ALU-bound otherwise.
+    """
+    b = byte.to(tl.int32)
+    bits = ((b & 0x80) << 24) | ((b << 20) & 0x07F00000)
+    val = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36  # 2**120
     return tl.where((b & 0x7F) == 0x7F, float("nan"), val)
 
 

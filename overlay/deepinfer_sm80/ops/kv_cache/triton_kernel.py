@@ -330,7 +330,6 @@ def ampere_kernel_specs() -> list[KernelSpec]:
                         "out_ptr": "*bf16",
                         "out_stride0": "i32",
                         "out_stride1": "i32",
-                        "out_stride2": "i32",
                         "cache_ptr": "*u8",
                         "page_stride": "i32",
                         "seq_lens_ptr": "*i32",
@@ -340,12 +339,14 @@ def ampere_kernel_specs() -> list[KernelSpec]:
                         "offset": "i32",
                     },
                     constexprs={
+                        "out_stride2": 1,
                         "HAS_GATHER_LENS": has_gather_lens,
                         "BLOCK_SIZE": block_size,
                         "ROWS": gather.constexpr_dict()["ROWS"],
                     },
                     num_warps=gather.num_warps,
                     num_stages=gather.num_stages,
+                    ints_divisible_by_16=("out_stride0", "out_stride1", "page_stride"),
                 )
             )
         specs.append(
@@ -362,6 +363,7 @@ def ampere_kernel_specs() -> list[KernelSpec]:
                 constexprs={"BLOCK_SIZE": block_size},
                 num_warps=insert.num_warps,
                 num_stages=insert.num_stages,
+                ints_divisible_by_16=("k_stride0", "page_stride"),
             )
         )
     return specs

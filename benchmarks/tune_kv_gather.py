@@ -28,7 +28,7 @@ def main() -> None:
     rows_total = sum(case.params["lens"])
     try:
         for rows in (2, 4, 8, 16):
-            for warps in (2, 4, 8):
+            for warps in (1, 2, 4, 8):
                 arch.KERNEL_CONFIGS["kv_cache.gather"] = dataclasses.replace(
                     shipped, num_warps=warps, constexprs=(("ROWS", rows),)
                 )

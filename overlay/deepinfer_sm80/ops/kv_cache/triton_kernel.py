@@ -6,10 +6,11 @@ to ``tl.float8e4nv`` (sm89+) and whose gather dispatcher prefers a CuteDSL kerne
 using ``cvt.rn.f16x2.e4m3x2`` (sm89+). Here e4m3 is decoded and encoded in software
 (``ops/fp8``) and UE8M0 scales are decoded by integer shift.
 
-The gather treats a row as 8 groups of 64 columns: groups 0-6 are NoPE (one UE8M0
-scale each), group 7 is the bf16 RoPE tail. A program moves ``ROWS`` rows at a time
-as one ``[ROWS, 8, 64]`` tile, reading the record once and writing each output
-element exactly once through ``out``'s strides (no temporary, no extra copy).
+The gather moves ``ROWS`` records per step: the NoPE bytes as one ``[ROWS, 8, 64]``
+tile (7 real 64-column groups, one UE8M0 scale each; the 8th group is masked off to
+keep shapes powers of two) and the bf16 RoPE tail as a ``[ROWS, 64]`` copy. Every
+output element is written once, straight through ``out``'s strides (no temporary, no
+extra copy).
 """
 
 import torch
@@ -59,7 +60,7 @@ def kv_gather_v4_kernel(
     first_pos = seq_len - gather_len
 
     o_r = tl.arange(0, ROWS)
-    o_g = tl.arange(0, 8)  # 64-column group; 7 = the bf16 RoPE tail
+    o_g = tl.arange(0, 8)  # 64-column NoPE group; group 7 does not exist (masked)
     o_j = tl.arange(0, 64)
     m_nope = (o_g < 7)[None, :, None]  # [1, 8, 1]
     o_col = (o_g[:, None] * 64 + o_j[None, :])[None, :, :]  # [1, 8, 64]
@@ -73,24 +74,21 @@ def kv_gather_v4_kernel(
         ).to(tl.int64)
         slot = pos % BLOCK_SIZE
         p_page = cache_ptr + page * page_stride
-        p_data = (p_page + slot * 576)[:, None, None]  # [ROWS, 1, 1]
-        p_scale = (p_page + BLOCK_SIZE * 576 + slot * 8)[:, None]  # [ROWS, 1]
-        m_r3 = m_r[:, None, None]
+        p_data = p_page + slot * 576  # [ROWS]
+        p_scale = p_page + BLOCK_SIZE * 576 + slot * 8  # [ROWS]
+        p_out = out_ptr + i_b * out_stride0 + (offset + rows).to(tl.int64) * out_stride1
 
-        b_q = tl.load(p_data + o_col, mask=m_r3 & m_nope, other=0)  # [ROWS, 8, 64] u8
-        b_s = tl.load(p_scale + o_g[None, :], mask=m_r[:, None] & (o_g < 7)[None, :], other=0)
+        # NoPE: 7 groups of 64 e4m3 bytes, each times its UE8M0 scale.
+        m_q = m_r[:, None, None] & m_nope
+        b_q = tl.load(p_data[:, None, None] + o_col, mask=m_q, other=0)  # [ROWS, 8, 64] u8
+        b_s = tl.load(p_scale[:, None] + o_g[None, :], mask=m_r[:, None] & (o_g < 7)[None, :])
         b_nope = e4m3_to_f32(b_q) * ue8m0_to_f32(b_s)[:, :, None]
-        p_rope = (p_data + 448).to(tl.pointer_type(tl.bfloat16))
-        b_rope = tl.load(p_rope + o_j[None, None, :], mask=m_r3 & ~m_nope, other=0.0)
-        b_out = tl.where(m_nope, b_nope.to(tl.bfloat16), b_rope)
+        tl.store(p_out[:, None, None] + o_col * out_stride2, b_nope.to(tl.bfloat16), mask=m_q)
 
-        p_out = (
-            out_ptr
-            + i_b * out_stride0
-            + (offset + rows).to(tl.int64)[:, None, None] * out_stride1
-            + o_col * out_stride2
-        )
-        tl.store(p_out, b_out, mask=m_r3)
+        # RoPE: 64 bf16 values copied as they are.
+        p_rope = (p_data + 448).to(tl.pointer_type(tl.bfloat16))
+        b_rope = tl.load(p_rope[:, None] + o_j[None, :], mask=m_r[:, None])  # [ROWS, 64]
+        tl.store(p_out[:, None] + (448 + o_j)[None, :] * out_stride2, b_rope, mask=m_r[:, None])
 
 
 @triton.jit

@@ -80,14 +80,19 @@ def kv_gather_v4_kernel(
 
         # NoPE: 7 groups of 64 e4m3 bytes, each times its UE8M0 scale.
         m_q = m_r[:, None, None] & m_nope
-        b_q = tl.load(p_data[:, None, None] + o_col, mask=m_q, other=0)  # [ROWS, 8, 64] u8
+        # Records are read once: let them leave L2 first.
+        b_q = tl.load(
+            p_data[:, None, None] + o_col, mask=m_q, other=0, eviction_policy="evict_first"
+        )  # [ROWS, 8, 64] u8
         b_s = tl.load(p_scale[:, None] + o_g[None, :], mask=m_r[:, None] & (o_g < 7)[None, :])
         b_nope = e4m3_to_f32(b_q) * ue8m0_to_f32(b_s)[:, :, None]
         tl.store(p_out[:, None, None] + o_col * out_stride2, b_nope.to(tl.bfloat16), mask=m_q)
 
         # RoPE: 64 bf16 values copied as they are.
         p_rope = (p_data + 448).to(tl.pointer_type(tl.bfloat16))
-        b_rope = tl.load(p_rope[:, None] + o_j[None, :], mask=m_r[:, None])  # [ROWS, 64]
+        b_rope = tl.load(
+            p_rope[:, None] + o_j[None, :], mask=m_r[:, None], eviction_policy="evict_first"
+        )  # [ROWS, 64]
         tl.store(p_out[:, None] + (448 + o_j)[None, :] * out_stride2, b_rope, mask=m_r[:, None])
 
 

@@ -1,6 +1,10 @@
-"""KV-cache gather and insert for the 584-byte V4 record (suite ``kernels``).
+"""Sparse MLA decode/prefill and the 584-byte V4 record gather/insert (suite ``kernels``).
 
-The sparse-MLA half of this suite arrives with the sparse-MLA kernels (issue 3).
+Sparse MLA decode baseline: the original's baseline algorithm (separate NoPE/RoPE dots,
+exp2 scale decode, a reduction launch always; ``baselines/sparse_mla_original.py``).
+Targets: >= 50% of the device copy bandwidth at T=256; >= 1.3x at T <= 16. Prefill
+baseline: a PyTorch gather + bmm + softmax path; TFLOP/s against this device's dense
+bf16 matmul rate measured in the same run.
 
 Gather baseline: PyTorch decode (``float8_e4m3fn`` view, ``exp2`` scales) into a
 temporary, then ``.copy_()`` into the workspace -- the path the original's 4.02x (16K)
@@ -14,10 +18,12 @@ import sys
 
 import torch
 
-from benchmarks.runner import Case, Gate, Registry, exact_check, main_for_suite
+from benchmarks.baselines.sparse_mla_original import baseline_sparse_mla_decode
+from benchmarks.runner import Case, Gate, Registry, close_check, exact_check, main_for_suite
 from deepinfer_sm80.ops.kv_cache import dequantize_and_gather_k_cache, quantize_and_insert_k_cache
 from deepinfer_sm80.ops.kv_cache.layout import NOPE_DIM, RECORD_BYTES, page_bytes
 from deepinfer_sm80.ops.kv_cache.ref import encode_records_ref, page_views
+from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
 
 SUITE = "kernels"
 
@@ -140,8 +146,116 @@ def _insert_case(registry: Registry, T: int, block_size: int) -> None:
     )
 
 
+SCALE = 512**-0.5
+
+
+def _decode_case(registry: Registry, T: int, heads: int, main_width: int, extra_width: int):
+    name = f"mla_decode_T{T}_H{heads}_w{main_width}+{extra_width}"
+
+    def setup():
+        g = torch.Generator(device="cuda").manual_seed(T * 131 + heads)
+        n_main = max(4096, 2 * main_width)
+        n_extra = max(65536, 4 * extra_width)  # a long compressed history to pick from
+        cache = _random_cache(-(-n_main // 256) + 1, 256, seed=1)
+        extra = _random_cache(-(-n_extra // 64) + 1, 64, seed=2) if extra_width else None
+        idx = torch.randint(0, n_main, (T, main_width), device="cuda", generator=g).int()
+        lens = torch.full((T,), main_width, dtype=torch.int32, device="cuda")
+        eidx = elens = None
+        if extra_width:
+            eidx = torch.randint(0, n_extra, (T, extra_width), device="cuda", generator=g).int()
+            elens = torch.full((T,), extra_width, dtype=torch.int32, device="cuda")
+        q = (torch.randn(T, 64, 512, device="cuda", generator=g) * 1.4).to(torch.bfloat16)
+        sink = torch.randn(64, device="cuda", generator=g) + 4
+        outs = [torch.empty_like(q), torch.empty_like(q)]
+        return q, cache, idx, lens, sink, extra, eidx, elens, outs
+
+    def candidate(st):
+        q, cache, idx, lens, sink, extra, eidx, elens, outs = st
+        sparse_mla_decode(
+            q, cache, idx, lens, SCALE, sink, extra, eidx, elens, out=outs[0], num_heads=heads
+        )
+        return outs[0][:, :heads]
+
+    def baseline(st):
+        q, cache, idx, lens, sink, extra, eidx, elens, outs = st
+        baseline_sparse_mla_decode(
+            q, cache, idx, lens, SCALE, sink, extra, eidx, elens, outs[1], heads
+        )
+        return outs[1][:, :heads]
+
+    rows = main_width + extra_width
+    registry.add(
+        Case(
+            suite=SUITE,
+            name=name,
+            params={"T": T, "heads": heads, "main_width": main_width, "extra_width": extra_width},
+            setup=setup,
+            baseline_name="original baseline algorithm (separate NoPE/RoPE dots, exp2, reduce)",
+            baseline=baseline,
+            candidate_name="deepinfer unified 512-dim decode",
+            candidate=candidate,
+            check=lambda st, b, c: close_check(b, c, rel_tol=1e-2),
+            # Records read once per token, q read and out written per real head.
+            bytes_moved=lambda st: T * (rows * RECORD_BYTES + heads * 512 * 2 * 2),
+            flops=lambda st: T * heads * rows * 512 * 4,
+            gates=[Gate("bandwidth_fraction_min", 0.5)] if T == 256 else [],
+        )
+    )
+
+
+def prefill_torch(q, kv, idx, scale, sink):
+    """PyTorch path: gather rows, bmm logits, softmax with the sink column, bmm."""
+    valid = (idx >= 0) & (idx < kv.shape[0])
+    rows = kv[torch.where(valid, idx, 0).long()]  # [T, W, 512]
+    s = torch.bmm(q, rows.transpose(1, 2)).float() * scale  # [T, H, W]
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    s = torch.cat([s, sink[None, :, None].expand(q.shape[0], -1, 1)], dim=2)
+    p = torch.softmax(s, dim=2)[..., :-1].to(torch.bfloat16)
+    return torch.bmm(p, rows)
+
+
+def _prefill_case(registry: Registry, T: int, heads: int, context: int):
+    W = 640
+
+    def setup():
+        g = torch.Generator(device="cuda").manual_seed(context + heads)
+        kv = (torch.randn(context + 128, 512, device="cuda", generator=g) * 1.4).bfloat16()
+        idx = torch.randint(0, context + 128, (T, W), device="cuda", generator=g).int()
+        q = (torch.randn(T, heads, 512, device="cuda", generator=g) * 1.4).bfloat16()
+        sink = torch.randn(heads, device="cuda", generator=g) + 4
+        return q, kv, idx, sink, torch.empty_like(q)
+
+    def candidate(st):
+        q, kv, idx, sink, out = st
+        sparse_mla_prefill(q, kv, idx, SCALE, sink, out=out)
+        return out
+
+    registry.add(
+        Case(
+            suite=SUITE,
+            name=f"mla_prefill_T{T}_H{heads}_ctx{context // 1024}K",
+            params={"T": T, "heads": heads, "context": context, "width": W},
+            setup=setup,
+            baseline_name="torch gather + bmm + softmax(sink) + bmm",
+            baseline=lambda st: prefill_torch(st[0], st[1], st[2], SCALE, st[3]),
+            candidate_name="deepinfer unified 512-dim prefill",
+            candidate=candidate,
+            check=lambda st, b, c: close_check(b, c, rel_tol=1e-2),
+            flops=lambda st: T * heads * W * 512 * 4,
+        )
+    )
+
+
 def build_registry() -> Registry:
     registry = Registry()
+    for heads in (64, 32, 8):  # TP 1, 2, 8
+        for T in (1, 4, 16, 64, 256):
+            _decode_case(registry, T, heads, 128, 512)
+    for T in (5, 80):  # DSpark draft layers: widened SWA window, no compressed cache
+        _decode_case(registry, T, 32, 192, 0)
+    for context in (16384, 65536):
+        _prefill_case(registry, 1024, 64, context)
+        _prefill_case(registry, 1024, 16, context)
     _gather_case(registry, "gather_16K", [16384], 64)
     _gather_case(registry, "gather_48K", [49152], 64)
     _gather_case(registry, "gather_4x16K_chunk", [16384, 16000, 12000, 16384], 64)

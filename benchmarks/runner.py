@@ -67,6 +67,7 @@ class Case:
     candidate: Callable[[Any], Any]
     check: Callable[[Any, Any, Any], CheckResult]
     bytes_moved: Callable[[Any], int] | None = None
+    flops: Callable[[Any], int] | None = None
     gates: list[Gate] = field(default_factory=list)
 
 
@@ -192,6 +193,16 @@ def measure_copy_bandwidth_gbs(timer: Callable, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (t.median_us * 1e-6) / 1e9
 
 
+def measure_bf16_tflops(timer: Callable, n: int = 8192) -> float:
+    """Dense bf16 matmul rate of this device (torch.matmul, n x n x n)."""
+    import torch
+
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t = timer(lambda: a @ b)
+    return 2 * n**3 / (t.median_us * 1e-6) / 1e12
+
+
 def measure_empty_kernel_us(timer: Callable) -> float:
     """Launch-to-completion time of an empty Triton kernel, as timed by ``timer``."""
     import torch
@@ -207,7 +218,13 @@ def gpu_slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_") or "unknown_gpu"
 
 
-def run_case(case: Case, timer: Callable, copy_gbs: float, launch_us: float) -> dict[str, Any]:
+def run_case(
+    case: Case,
+    timer: Callable,
+    copy_gbs: float,
+    launch_us: float,
+    bf16_tflops: float | None = None,
+) -> dict[str, Any]:
     """Check first, then time. A failed check yields no timing and no speed-up."""
     state = case.setup()
     # Candidate first, so a stale correct answer left by the baseline cannot hide a bug.
@@ -245,6 +262,11 @@ def run_case(case: Case, timer: Callable, copy_gbs: float, launch_us: float) -> 
             device_floor_us=floor_us,
             floor_ratio=t_cand.median_us / floor_us,
         )
+    if case.flops is not None:
+        tflops = case.flops(state) / (t_cand.median_us * 1e-6) / 1e12
+        row["candidate_tflops"] = tflops
+        if bf16_tflops:
+            row["fraction_of_bf16_matmul"] = tflops / bf16_tflops
     gates = []
     for gate in case.gates:
         if gate.kind == "floor_ratio_max":
@@ -276,16 +298,21 @@ def run_suite(
     info = info or device_info()
     copy_gbs = copy_gbs if copy_gbs is not None else measure_copy_bandwidth_gbs(timer)
     launch_us = launch_us if launch_us is not None else measure_empty_kernel_us(timer)
+    bf16_tflops = None
+    if any(c.flops is not None for c in cases):
+        bf16_tflops = measure_bf16_tflops(timer)
     label = (
         f"{info.get('gpu')} | torch {info.get('torch')} | triton {info.get('triton')} | "
         f"CUDA {info.get('cuda_runtime')} | driver {info.get('driver')}"
     )
     print(f"[{suite}] {label}", flush=True)
     print(f"[{suite}] copy {copy_gbs:.0f} GB/s, empty kernel {launch_us:.2f} us", flush=True)
+    if bf16_tflops:
+        print(f"[{suite}] dense bf16 matmul {bf16_tflops:.0f} TFLOP/s", flush=True)
     rows = []
     for i, case in enumerate(cases, 1):
         t0 = time.perf_counter()
-        row = run_case(case, timer, copy_gbs, launch_us)
+        row = run_case(case, timer, copy_gbs, launch_us, bf16_tflops)
         rows.append(row)
         print(
             f"[{suite}] {i}/{len(cases)} {_progress(row)} ({time.perf_counter() - t0:.1f}s)",
@@ -297,6 +324,7 @@ def run_suite(
         "label": label,
         "copy_bandwidth_gbs": copy_gbs,
         "empty_kernel_us": launch_us,
+        "bf16_matmul_tflops": bf16_tflops,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cases": rows,
     }
@@ -313,6 +341,10 @@ def _progress(row: dict[str, Any]) -> str:
     )
     if "candidate_gbs" in row:
         text += f", {row['candidate_gbs']:.0f} GB/s ({100 * row['fraction_of_copy_bw']:.0f}% copy)"
+    if "candidate_tflops" in row:
+        text += f", {row['candidate_tflops']:.1f} TFLOP/s"
+        if "fraction_of_bf16_matmul" in row:
+            text += f" ({100 * row['fraction_of_bf16_matmul']:.0f}% of matmul)"
     for gate in row["gates"]:
         text += f", gate {gate['kind']} {'PASS' if gate['passed'] else 'FAIL'}"
     return text
@@ -331,6 +363,17 @@ def write_report(report: dict[str, Any], results_dir: Path) -> Path:
     summary[gpu] = per_gpu
     summary_path.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
     return path
+
+
+def close_check(base: Any, cand: Any, rel_tol: float) -> CheckResult:
+    """Relative Frobenius error of ``cand`` against ``base`` <= rel_tol, no NaN/inf."""
+    import torch
+
+    b, c = base.float(), cand.float()
+    if not torch.isfinite(c).all():
+        return CheckResult(False, "non-finite values in the candidate")
+    rel = float((c - b).norm() / b.norm().clamp_min(1e-30))
+    return CheckResult(rel <= rel_tol, f"relative error {rel:.2e} (tolerance {rel_tol:.0e})")
 
 
 def exact_check(base: Any, cand: Any) -> CheckResult:

@@ -37,6 +37,14 @@ class LaunchConfig:
     num_warps: int
     num_stages: int = 1
     constexprs: tuple[tuple[str, int], ...] = ()
+    maxnreg: int | None = None
+
+    def launch_options(self) -> dict[str, int]:
+        """Keyword arguments for a Triton launch."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
     def constexpr_dict(self) -> dict[str, int]:
         return dict(self.constexprs)
@@ -53,6 +61,25 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # One CTA per query token writes its whole row (Top-K, SWA, -1 tail).
     "topk_swa.combine": LaunchConfig(num_warps=4, num_stages=1),
     "topk_swa.global_topk": LaunchConfig(num_warps=4, num_stages=1),
+    # Sparse MLA: BLOCK_H heads x BLOCK_N rows x 512 per step. A token's rows are split
+    # every ROWS_PER_SPLIT rows (batch-invariant: depends on the token alone). The
+    # original's BLOCK_N=64 / 4 warps / 2 stages needs 131 KB of shared memory here;
+    # BLOCK_N=16 with 8 warps and no pipelining is the fitting config: 48 KB, 128 regs
+    # (decode) / 101 (prefill), no spills, so two CTAs fit an sm86 SM.
+    # maxnreg=128 keeps two 256-thread CTAs per SM on sm80 too (157 registers otherwise).
+    "sparse_mla.decode": LaunchConfig(
+        num_warps=8,
+        num_stages=1,
+        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 256)),
+        maxnreg=128,
+    ),
+    "sparse_mla.prefill": LaunchConfig(
+        num_warps=8,
+        num_stages=1,
+        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16)),
+        maxnreg=128,
+    ),
+    "sparse_mla.reduce": LaunchConfig(num_warps=4, num_stages=1, constexprs=(("BLOCK_H", 16),)),
 }
 
 

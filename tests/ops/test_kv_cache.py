@@ -12,7 +12,7 @@ from deepinfer_sm80.ops.kv_cache.ref import (
     insert_ref,
     page_views,
 )
-from deepinfer_sm80.testing.poison import cache_bytes, nan_empty, paged_cache
+from deepinfer_sm80.testing.poison import cache_bytes, move_cache, nan_empty, paged_cache
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -133,12 +133,7 @@ def _filled_cache(
     scales[..., :7] = torch.randint(
         min_scale, 255, scales[..., :7].shape, generator=g, dtype=torch.uint8
     )
-    return cache.to(device) if device.type == "cpu" else _to_device(cache, device)
-
-
-def _to_device(cache: torch.Tensor, device) -> torch.Tensor:
-    flat = cache_bytes(cache).to(device)
-    return flat.as_strided(cache.shape, cache.stride())
+    return move_cache(cache, device)
 
 
 def _run_gather(

@@ -10,6 +10,7 @@ from deepinfer_sm80.testing.ampere_fit import KernelSpec
 OP_MODULES = (
     "deepinfer_sm80.ops.kv_cache.triton_kernel",
     "deepinfer_sm80.ops.topk_swa.triton_kernel",
+    "deepinfer_sm80.ops.sparse_mla.triton_kernel",
 )
 
 

@@ -35,7 +35,10 @@ class KernelSpec:
         signature: argument name -> Triton type (``"*u8"``, ``"*bf16"``, ``"i32"``,
             ``"i64"``...); constexpr arguments go in ``constexprs`` instead.
         constexprs: constexpr argument values.
-        num_warps, num_stages: launch parameters.
+        num_warps, num_stages, maxnreg: launch parameters (``maxnreg`` caps registers
+            per thread, e.g. so two CTAs fit one SM).
+        min_ctas_per_sm: CTAs that must fit one SM by registers (the 48 KB shared-memory
+            cap already leaves room for two on sm86's 99 KB).
         aligned_pointers: compile as if every pointer is 16-byte aligned, the case
             Triton specializes for at run time (wider vector loads, more registers).
         ints_divisible_by_16: integer arguments that are multiples of 16 in production
@@ -52,6 +55,8 @@ class KernelSpec:
     num_stages: int = 1
     aligned_pointers: bool = True
     ints_divisible_by_16: tuple[str, ...] = ()
+    maxnreg: int | None = None
+    min_ctas_per_sm: int = 1
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,8 @@ class FitReport:
     spill_store_bytes: int | None
     spill_load_bytes: int | None
     error: str | None = None
+    threads: int = 0
+    min_ctas_per_sm: int = 1
 
 
 _PTXAS_REGS = re.compile(r"Used (\d+) registers")
@@ -109,7 +116,11 @@ def _compile_one(spec: KernelSpec, cc: int) -> FitReport:
         compiled = triton.compile(
             src,
             target=GPUTarget("cuda", cc, 32),
-            options={"num_warps": spec.num_warps, "num_stages": spec.num_stages},
+            options={
+                "num_warps": spec.num_warps,
+                "num_stages": spec.num_stages,
+                **({"maxnreg": spec.maxnreg} if spec.maxnreg else {}),
+            },
         )
         with tempfile.TemporaryDirectory() as tmp:
             ptx = os.path.join(tmp, "k.ptx")
@@ -135,6 +146,8 @@ def _compile_one(spec: KernelSpec, cc: int) -> FitReport:
             int(regs.group(1)),
             int(spill.group(1)),
             int(spill.group(2)),
+            threads=32 * spec.num_warps,
+            min_ctas_per_sm=spec.min_ctas_per_sm,
         )
     except Exception as exc:  # noqa: BLE001 -- every failure becomes a report line
         msg = f"{type(exc).__name__}: {exc}"
@@ -179,6 +192,12 @@ def fit_violations(
             continue
         if r.shared_bytes > smem_limit:
             problems.append(f"{where}: {r.shared_bytes} B shared memory > {smem_limit} B")
+        regs_per_sm = 65536  # sm80 and sm86 alike
+        if r.min_ctas_per_sm * r.registers * r.threads > regs_per_sm:
+            problems.append(
+                f"{where}: {r.registers} registers x {r.threads} threads leaves no room for "
+                f"{r.min_ctas_per_sm} CTAs per SM ({regs_per_sm} registers)"
+            )
         if r.spill_store_bytes or r.spill_load_bytes:
             problems.append(
                 f"{where}: spills ({r.spill_store_bytes} B stores, "

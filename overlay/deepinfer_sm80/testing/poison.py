@@ -37,3 +37,10 @@ def paged_cache(
 def cache_bytes(k_cache: torch.Tensor) -> torch.Tensor:
     """Every byte of a paged cache, padding included, as ``[num_blocks, page_bytes]``."""
     return k_cache.as_strided((k_cache.shape[0], k_cache.stride(0)), (k_cache.stride(0), 1))
+
+
+def move_cache(k_cache: torch.Tensor, device) -> torch.Tensor:
+    """Copy a paged cache to ``device`` keeping its page stride (``.to()`` would compact a
+    view with page padding into a different layout)."""
+    flat = cache_bytes(k_cache).to(device)
+    return flat.as_strided(k_cache.shape, k_cache.stride())

@@ -1,0 +1,780 @@
+"""Unified 512-dim sparse MLA for sm80/sm86: decode from fp8 V4 records, and prefill.
+
+One kernel body serves both. A program owns one query token, ``BLOCK_H`` heads and one
+split of the token's selected rows; it walks the split in tiles of ``BLOCK_N`` rows:
+
+- decode (``KV_FP8``): each row is a 584-byte V4 record. The 448 NoPE bytes are decoded
+  on chip (software e4m3, UE8M0 by integer shift) into the same ``[BLOCK_N, 512]`` tile
+  that receives the 64 bf16 RoPE values, so QK and PV are each one bf16 Tensor Core dot
+  over the full 512 width (V = K in MLA). Rows come from the SWA cache first, then from
+  the optional compressed ("extra") cache, as one virtual list.
+- prefill: rows are bf16 rows of the gather workspace vLLM builds.
+
+Online softmax in base 2 with fp32 accumulators; the sink enters only the denominator.
+
+Split-K is batch-invariant: a token's split count is ``cdiv(own selected rows,
+ROWS_PER_SPLIT)`` (``arch.py``), never a function of the batch. A token with one split
+writes its final output directly; the reduction kernel runs only when some token can
+have more than one split (``max splits > 1`` from the index widths), and skips tokens
+that had one. No host sync and no data-dependent allocation: CUDA-graph safe.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.ops._triton_utils import mma
+from deepinfer_sm80.ops._validate import check_tensor
+from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_to_f32, ue8m0_to_f32
+from deepinfer_sm80.ops.kv_cache.layout import HEAD_DIM, RECORD_BYTES
+from deepinfer_sm80.testing.ampere_fit import KernelSpec
+
+LOG2E = 1.4426950408889634
+NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" keeps exp2(m_old - m_new) NaN-free
+
+
+@triton.jit
+def _load_rows_fp8(p_rec, p_scale, valid, BLOCK_N: tl.constexpr):
+    """Decode ``BLOCK_N`` V4 records into one bf16 ``[BLOCK_N, 512]`` tile: columns
+    0-447 from the e4m3 bytes times their group's UE8M0 scale, 448-511 the bf16 RoPE
+    values. Invalid rows are zero and never touch memory."""
+    o_d = tl.arange(0, 512)
+    is_nope = (o_d < 448)[None, :]
+    m_row = valid[:, None]
+    b_q = tl.load(p_rec[:, None] + o_d[None, :], mask=m_row & is_nope, other=0)
+    # The scale byte is constant over each 64-column group (axis info: constancy 64).
+    b_s = tl.load(p_scale[:, None] + (o_d // 64)[None, :], mask=m_row & is_nope, other=0)
+    b_nope = (e4m3_to_f32(b_q) * ue8m0_to_f32(b_s)).to(tl.bfloat16)
+    p_rope = (p_rec + 448).to(tl.pointer_type(tl.bfloat16))
+    b_rope = tl.load(p_rope[:, None] + (o_d - 448)[None, :], mask=m_row & ~is_nope, other=0.0)
+    return tl.where(is_nope, b_nope, b_rope)
+
+
+@triton.jit
+def _row_pointers(cache_ptr, page_stride, slot, BLOCK_SIZE: tl.constexpr):
+    page = (slot // BLOCK_SIZE).to(tl.int64)
+    within = slot % BLOCK_SIZE
+    p_page = cache_ptr + page * page_stride
+    return p_page + within * 576, p_page + BLOCK_SIZE * 576 + within * 8
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def sparse_mla_fwd_kernel(
+    q_ptr,
+    q_stride_t,
+    q_stride_h,
+    out_ptr,
+    out_stride_t,
+    out_stride_h,
+    lse_ptr,
+    lse_stride_t,
+    maxl_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    main_ptr,
+    main_stride,
+    main_rows,
+    main_idx_ptr,
+    main_idx_stride,
+    main_len_ptr,
+    extra_ptr,
+    extra_stride,
+    extra_rows,
+    extra_idx_ptr,
+    extra_idx_stride,
+    extra_len_ptr,
+    sink_ptr,
+    scale_log2,
+    num_heads,
+    num_tokens,
+    MAIN_WIDTH: tl.constexpr,
+    EXTRA_WIDTH: tl.constexpr,
+    MAIN_BLOCK_SIZE: tl.constexpr,
+    EXTRA_BLOCK_SIZE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    STORE_MAX: tl.constexpr,
+    ROWS_PER_SPLIT: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    i_t = tl.program_id(0).to(tl.int64)
+    i_hb = tl.program_id(1)
+    i_s = tl.program_id(2)
+
+    if HAS_LEN:
+        main_len = tl.minimum(tl.maximum(tl.load(main_len_ptr + i_t), 0), MAIN_WIDTH)
+    else:
+        main_len = MAIN_WIDTH
+    extra_len = 0
+    if HAS_EXTRA:
+        extra_len = tl.minimum(tl.maximum(tl.load(extra_len_ptr + i_t), 0), EXTRA_WIDTH)
+    total = main_len + extra_len
+    n_splits = tl.maximum(tl.cdiv(total, ROWS_PER_SPLIT), 1)
+    if i_s >= n_splits:
+        return
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < num_heads
+    o_d = tl.arange(0, 512)
+    b_q = tl.load(
+        q_ptr + i_t * q_stride_t + o_h[:, None] * q_stride_h + o_d[None, :],
+        mask=m_h[:, None],
+        other=0.0,
+    )  # [BLOCK_H, 512] bf16
+
+    b_m = tl.full((BLOCK_H,), NEG_BIG, tl.float32)
+    b_l = tl.zeros((BLOCK_H,), tl.float32)
+    b_acc = tl.zeros((BLOCK_H, 512), tl.float32)
+
+    r_begin = i_s * ROWS_PER_SPLIT
+    r_end = tl.minimum(r_begin + ROWS_PER_SPLIT, total)
+    for r0 in range(r_begin, r_end, BLOCK_N):
+        o_r = r0 + tl.arange(0, BLOCK_N)
+        in_r = o_r < r_end
+        is_main = o_r < main_len
+        slot = tl.load(main_idx_ptr + i_t * main_idx_stride + o_r, mask=in_r & is_main, other=-1)
+        valid_main = is_main & (slot >= 0) & (slot < main_rows)
+        if HAS_EXTRA:
+            e_slot = tl.load(
+                extra_idx_ptr + i_t * extra_idx_stride + (o_r - main_len),
+                mask=in_r & ~is_main,
+                other=-1,
+            )
+            valid_extra = ~is_main & (e_slot >= 0) & (e_slot < extra_rows)
+            valid = in_r & (valid_main | valid_extra)
+        else:
+            valid = in_r & valid_main
+        if KV_FP8:
+            p_rec, p_scale = _row_pointers(
+                main_ptr, main_stride, tl.where(valid_main, slot, 0), MAIN_BLOCK_SIZE
+            )
+            if HAS_EXTRA:
+                e_rec, e_scale = _row_pointers(
+                    extra_ptr, extra_stride, tl.where(valid_extra, e_slot, 0), EXTRA_BLOCK_SIZE
+                )
+                p_rec = tl.where(is_main, p_rec, e_rec)
+                p_scale = tl.where(is_main, p_scale, e_scale)
+            b_k = _load_rows_fp8(p_rec, p_scale, valid, BLOCK_N)
+        else:
+            p_row = main_ptr + tl.where(valid, slot, 0).to(tl.int64) * main_stride
+            b_k = tl.load(p_row[:, None] + o_d[None, :], mask=valid[:, None], other=0.0)
+
+        b_s = mma(b_q, tl.trans(b_k)) * scale_log2  # [BLOCK_H, BLOCK_N], base-2 logits
+        b_s = tl.where(valid[None, :], b_s, float("-inf"))
+        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+        b_alpha = tl.exp2(b_m - b_m_new)
+        b_p = tl.exp2(b_s - b_m_new[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+        b_acc = b_acc * b_alpha[:, None] + mma(b_p.to(tl.bfloat16), b_k)
+        b_m = b_m_new
+
+    if n_splits == 1:
+        _finish(
+            b_acc,
+            b_m,
+            b_l,
+            o_h,
+            m_h,
+            i_t,
+            out_ptr,
+            out_stride_t,
+            out_stride_h,
+            lse_ptr,
+            lse_stride_t,
+            maxl_ptr,
+            sink_ptr,
+            HAS_SINK,
+            STORE_MAX,
+        )
+    else:
+        # Partials: unnormalized acc plus (m, l), reduced by sparse_mla_reduce_kernel.
+        row = (i_t * num_heads + o_h) * MAX_SPLITS + i_s  # [BLOCK_H]
+        tl.store(
+            part_acc_ptr + row.to(tl.int64)[:, None] * 512 + o_d[None, :], b_acc, mask=m_h[:, None]
+        )
+        tl.store(part_ml_ptr + row * 2, b_m, mask=m_h)
+        tl.store(part_ml_ptr + row * 2 + 1, b_l, mask=m_h)
+
+
+@triton.jit
+def _finish(
+    b_acc,
+    b_m,
+    b_l,
+    o_h,
+    m_h,
+    i_t,
+    out_ptr,
+    out_stride_t,
+    out_stride_h,
+    lse_ptr,
+    lse_stride_t,
+    maxl_ptr,
+    sink_ptr,
+    HAS_SINK: tl.constexpr,
+    STORE_MAX: tl.constexpr,
+):
+    """Normalize (sink in the denominator only); write out, lse and optionally the max
+    logit (natural log units; -inf for a token without rows)."""
+    has_rows = b_l > 0.0
+    if STORE_MAX:
+        maxl = tl.where(has_rows, b_m / 1.4426950408889634, float("-inf"))
+        tl.store(maxl_ptr + i_t * lse_stride_t + o_h, maxl, mask=m_h)
+    lse = tl.where(
+        has_rows, (b_m + tl.log2(tl.where(has_rows, b_l, 1.0))) / 1.4426950408889634, float("-inf")
+    )
+    if HAS_SINK:
+        b_sink = tl.load(sink_ptr + o_h, mask=m_h, other=0.0) * 1.4426950408889634
+        b_m_f = tl.maximum(b_m, b_sink)
+        b_alpha = tl.exp2(b_m - b_m_f)
+        b_den = b_l * b_alpha + tl.exp2(b_sink - b_m_f)
+    else:
+        b_alpha = tl.full(b_l.shape, 1.0, tl.float32)
+        b_den = b_l
+    b_den = tl.where(b_den > 0.0, b_den, 1.0)  # no rows, no sink: output 0
+    b_out = b_acc * (b_alpha / b_den)[:, None]
+    o_d = tl.arange(0, 512)
+    tl.store(
+        out_ptr + i_t * out_stride_t + o_h[:, None] * out_stride_h + o_d[None, :],
+        b_out.to(tl.bfloat16),
+        mask=m_h[:, None],
+    )
+    tl.store(lse_ptr + i_t * lse_stride_t + o_h, lse, mask=m_h)
+
+
+@triton.jit
+def sparse_mla_reduce_kernel(
+    out_ptr,
+    out_stride_t,
+    out_stride_h,
+    lse_ptr,
+    lse_stride_t,
+    part_acc_ptr,
+    part_ml_ptr,
+    main_len_ptr,
+    extra_len_ptr,
+    sink_ptr,
+    num_heads,
+    MAIN_WIDTH: tl.constexpr,
+    EXTRA_WIDTH: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    ROWS_PER_SPLIT: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """Merge a token's split partials in split order (a fixed fold: deterministic)."""
+    i_t = tl.program_id(0).to(tl.int64)
+    i_hb = tl.program_id(1)
+    if HAS_LEN:
+        main_len = tl.minimum(tl.maximum(tl.load(main_len_ptr + i_t), 0), MAIN_WIDTH)
+    else:
+        main_len = MAIN_WIDTH
+    extra_len = 0
+    if HAS_EXTRA:
+        extra_len = tl.minimum(tl.maximum(tl.load(extra_len_ptr + i_t), 0), EXTRA_WIDTH)
+    n_splits = tl.maximum(tl.cdiv(main_len + extra_len, ROWS_PER_SPLIT), 1)
+    if n_splits > 1:
+        o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        m_h = o_h < num_heads
+        o_d = tl.arange(0, 512)
+        b_m = tl.full((BLOCK_H,), NEG_BIG, tl.float32)
+        b_l = tl.zeros((BLOCK_H,), tl.float32)
+        b_acc = tl.zeros((BLOCK_H, 512), tl.float32)
+        for s in range(0, n_splits):
+            row = (i_t * num_heads + o_h) * MAX_SPLITS + s
+            s_m = tl.load(part_ml_ptr + row * 2, mask=m_h, other=NEG_BIG)
+            s_l = tl.load(part_ml_ptr + row * 2 + 1, mask=m_h, other=0.0)
+            s_acc = tl.load(
+                part_acc_ptr + row.to(tl.int64)[:, None] * 512 + o_d[None, :],
+                mask=m_h[:, None],
+                other=0.0,
+            )
+            b_m_new = tl.maximum(b_m, s_m)
+            a_old = tl.exp2(b_m - b_m_new)
+            a_new = tl.exp2(s_m - b_m_new)
+            b_l = b_l * a_old + s_l * a_new
+            b_acc = b_acc * a_old[:, None] + s_acc * a_new[:, None]
+            b_m = b_m_new
+        _finish(
+            b_acc,
+            b_m,
+            b_l,
+            o_h,
+            m_h,
+            i_t,
+            out_ptr,
+            out_stride_t,
+            out_stride_h,
+            lse_ptr,
+            lse_stride_t,
+            lse_ptr,
+            sink_ptr,
+            HAS_SINK,
+            False,
+        )
+
+
+def _as_cache(name: str, cache: torch.Tensor) -> torch.Tensor:
+    """Accept vLLM's ``[blocks, bs, 584]`` or FlashMLA's ``[blocks, bs, 1, 584]``."""
+    check_tensor(name, cache, dtype=torch.uint8, ndim=(3, 4))
+    if cache.dim() == 4:
+        if cache.shape[2] != 1:
+            raise ValueError(f"{name}: expected one KV head, got shape {tuple(cache.shape)}")
+        cache = cache.squeeze(2)
+    if cache.shape[-1] != RECORD_BYTES or cache.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: expected contiguous {RECORD_BYTES}-byte V4 records, got shape "
+            f"{tuple(cache.shape)} (528/288-byte V4.1 records are SM100-only)"
+        )
+    if cache.stride(0) < cache.shape[1] * RECORD_BYTES:
+        raise ValueError(f"{name}: page stride {cache.stride(0)} is smaller than a page")
+    return cache
+
+
+def _as_rows(name: str, idx: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    check_tensor(name, idx, dtype=torch.int32, ndim=(2, 3))
+    if idx.dim() == 3:
+        if idx.shape[1] != 1:
+            raise ValueError(f"{name}: expected [T, 1, W] (one KV head), got {tuple(idx.shape)}")
+        idx = idx[:, 0]
+    if idx.shape[0] != num_tokens or (idx.shape[1] > 0 and idx.stride(1) != 1):
+        raise ValueError(
+            f"{name}: expected [{num_tokens}, W] with contiguous rows, got {tuple(idx.shape)}"
+        )
+    return idx
+
+
+def _as_lengths(name: str, lengths: torch.Tensor | None, num_tokens: int) -> torch.Tensor | None:
+    if lengths is None:
+        return None
+    check_tensor(name, lengths, dtype=torch.int32, ndim=1)
+    if lengths.shape[0] != num_tokens:
+        raise ValueError(f"{name}: expected {num_tokens} entries, got {lengths.shape[0]}")
+    return lengths
+
+
+def _check_sink(attn_sink: torch.Tensor | None, heads: int) -> None:
+    if attn_sink is not None:
+        check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1)
+        if attn_sink.shape[0] < heads:
+            raise ValueError(f"attn_sink: needs >= {heads} entries, got {attn_sink.shape[0]}")
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    softmax_scale: float,
+    attn_sink: torch.Tensor | None = None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    num_heads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode straight from 584-byte V4 records (FlashMLA's sparse fp8 decode).
+
+    Args:
+        q: ``[T, Hp, 512]`` (or ``[T, 1, Hp, 512]``) bf16, heads padded to ``Hp``.
+        k_cache: the layer's SWA cache ``[blocks, bs, 584]`` (or ``[blocks, bs, 1, 584]``).
+        indices: ``[T, W]`` (or ``[T, 1, W]``) int32 global slots, -1 = none.
+        topk_length: ``[T]`` int32 leading entries of ``indices`` to use, or None (all W).
+        softmax_scale: scale of QK^T (512**-0.5 for DeepSeek-V4.1).
+        attn_sink: ``[>= Hp]`` f32 per-head sink logit, denominator only; None = no sink.
+        extra_k_cache, extra_indices, extra_topk_length: the compressed cache and its
+            Top-K slots and lengths (None on SWA-only layers).
+        out: ``[T, Hp, 512]`` bf16 written in place (rows of padded heads untouched).
+        num_heads: real heads (64 / TP); heads past it are padding and get no work.
+
+    Returns:
+        ``(out, lse)``: lse ``[T, Hp]`` f32, natural log of the sum of exp(logits) (sink
+        excluded; -inf for a token with no valid row; padded heads unwritten).
+    """
+    squeeze_q = q.dim() == 4
+    if squeeze_q:
+        if q.shape[1] != 1:
+            raise ValueError(f"q: decode takes one query per sequence, got {tuple(q.shape)}")
+        q = q[:, 0]
+    check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
+    T, Hp, D = q.shape
+    if D != HEAD_DIM or q.stride(-1) != 1:
+        raise ValueError(
+            f"q: expected [T, Hp, {HEAD_DIM}] with unit last stride, got {tuple(q.shape)}"
+        )
+    heads = Hp if num_heads is None else num_heads
+    if not 0 < heads <= Hp:
+        raise ValueError(f"num_heads: expected 1..{Hp} (q's padded head count), got {heads}")
+    main = _as_cache("k_cache", k_cache)
+    main_idx = _as_rows("indices", indices, T)
+    main_len = _as_lengths("topk_length", topk_length, T)
+    has_extra = extra_k_cache is not None
+    if has_extra != (extra_indices is not None):
+        raise ValueError("extra_k_cache and extra_indices must be given together")
+    if has_extra:
+        extra = _as_cache("extra_k_cache", extra_k_cache)
+        extra_idx = _as_rows("extra_indices", extra_indices, T)
+        extra_len = _as_lengths("extra_topk_length", extra_topk_length, T)
+        if extra_len is None:
+            extra_len = torch.full((T,), extra_idx.shape[1], dtype=torch.int32, device=q.device)
+    else:
+        extra, extra_idx, extra_len = main, main_idx, main_len
+    _check_sink(attn_sink, heads)
+    if main_len is None and has_extra:
+        main_len = torch.full((T,), main_idx.shape[1], dtype=torch.int32, device=q.device)
+    if out is None:
+        out = torch.empty_like(q)
+    else:
+        if out.dim() == 4:
+            out = out[:, 0]
+        check_tensor("out", out, dtype=torch.bfloat16, ndim=3)
+        if out.shape != q.shape or out.stride(-1) != 1:
+            raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    lse = torch.empty((T, Hp), dtype=torch.float32, device=q.device)
+    if T == 0:
+        return out, lse
+    cfg = kernel_config("sparse_mla.decode").constexpr_dict()
+    _launch(
+        q,
+        out,
+        lse,
+        None,
+        main,
+        main_idx,
+        main_len,
+        extra if has_extra else None,
+        extra_idx,
+        extra_len,
+        attn_sink,
+        softmax_scale,
+        heads,
+        kv_fp8=True,
+        rows_per_split=cfg["ROWS_PER_SPLIT"],
+        cfg_name="sparse_mla.decode",
+    )
+    return out, lse
+
+
+def sparse_mla_prefill(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    attn_sink: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sparse MLA prefill over the bf16 gather workspace (FlashMLA ``sparse_prefill_fwd``).
+
+    Args:
+        q: ``[T, H, 512]`` bf16.
+        kv: ``[S, 512]`` (or ``[S, 1, 512]``) bf16 rows (``dequantize_and_gather_k_cache``).
+        indices: ``[T, W]`` (or ``[T, 1, W]``) int32 row ids; -1 or >= S are skipped.
+        sm_scale: scale of QK^T.
+        attn_sink: ``[>= H]`` f32 or None.
+        topk_length: ``[T]`` int32 leading entries to use, or None (all W).
+        out: ``[T, H, 512]`` bf16 written in place.
+
+    Returns:
+        ``(out, max_logits [T, H], lse [T, H])`` in natural-log units; sink excluded.
+    """
+    check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
+    T, H, D = q.shape
+    if D != HEAD_DIM or q.stride(-1) != 1:
+        raise ValueError(
+            f"q: expected [T, H, {HEAD_DIM}] with unit last stride, got {tuple(q.shape)}"
+        )
+    check_tensor("kv", kv, dtype=torch.bfloat16, ndim=(2, 3), device=q.device)
+    if kv.dim() == 3:
+        if kv.shape[1] != 1:
+            raise ValueError(f"kv: expected one KV head, got {tuple(kv.shape)}")
+        kv = kv[:, 0]
+    if kv.shape[-1] != HEAD_DIM or kv.stride(-1) != 1:
+        raise ValueError(f"kv: expected [S, {HEAD_DIM}] rows, got {tuple(kv.shape)}")
+    idx = _as_rows("indices", indices, T)
+    lens = _as_lengths("topk_length", topk_length, T)
+    _check_sink(attn_sink, H)
+    if out is None:
+        out = torch.empty_like(q)
+    else:
+        check_tensor("out", out, dtype=torch.bfloat16, ndim=3)
+        if out.shape != q.shape or out.stride(-1) != 1:
+            raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    max_logits = torch.empty_like(lse)
+    if T == 0:
+        return out, max_logits, lse
+    # Prefill has tokens enough to fill the GPU: one split per token.
+    _launch(
+        q,
+        out,
+        lse,
+        max_logits,
+        kv,
+        idx,
+        lens,
+        None,
+        idx,
+        lens,
+        attn_sink,
+        sm_scale,
+        H,
+        kv_fp8=False,
+        rows_per_split=max(idx.shape[1], 1),
+        cfg_name="sparse_mla.prefill",
+    )
+    return out, max_logits, lse
+
+
+def _launch(
+    q,
+    out,
+    lse,
+    max_logits,
+    main,
+    main_idx,
+    main_len,
+    extra,
+    extra_idx,
+    extra_len,
+    attn_sink,
+    scale,
+    heads,
+    *,
+    kv_fp8,
+    rows_per_split,
+    cfg_name,
+):
+    T = q.shape[0]
+    cfg = kernel_config(cfg_name)
+    block_h = cfg.constexpr_dict()["BLOCK_H"]
+    block_n = cfg.constexpr_dict()["BLOCK_N"]
+    main_width = main_idx.shape[1]
+    extra_width = extra_idx.shape[1] if extra is not None else 0
+    max_splits = max(1, math.ceil((main_width + extra_width) / rows_per_split))
+    if max_splits > 1:
+        part_acc = torch.empty((T, heads, max_splits, 512), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((T, heads, max_splits, 2), dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = lse  # never touched
+    if kv_fp8:
+        main_rows = main.shape[0] * main.shape[1]
+        extra_rows = extra.shape[0] * extra.shape[1] if extra is not None else 0
+        main_bs, extra_bs = main.shape[1], extra.shape[1] if extra is not None else 1
+    else:
+        main_rows, extra_rows, main_bs, extra_bs = main.shape[0], 0, 1, 1
+    head_blocks = triton.cdiv(heads, block_h)
+    meta = dict(
+        MAIN_WIDTH=main_width,
+        EXTRA_WIDTH=extra_width,
+        HAS_EXTRA=extra is not None,
+        HAS_LEN=main_len is not None,
+        HAS_SINK=attn_sink is not None,
+        ROWS_PER_SPLIT=rows_per_split,
+        MAX_SPLITS=max_splits,
+        BLOCK_H=block_h,
+    )
+    sparse_mla_fwd_kernel[(T, head_blocks, max_splits)](
+        q,
+        q.stride(0),
+        q.stride(1),
+        out,
+        out.stride(0),
+        out.stride(1),
+        lse,
+        lse.stride(0),
+        max_logits if max_logits is not None else lse,
+        part_acc,
+        part_ml,
+        main,
+        main.stride(0),
+        main_rows,
+        main_idx,
+        main_idx.stride(0),
+        main_len if main_len is not None else main_idx,
+        extra if extra is not None else main,
+        extra.stride(0) if extra is not None else 0,
+        extra_rows,
+        extra_idx,
+        extra_idx.stride(0),
+        extra_len if extra_len is not None else main_idx,
+        attn_sink if attn_sink is not None else lse,
+        scale * LOG2E,
+        heads,
+        T,
+        MAIN_BLOCK_SIZE=main_bs,
+        EXTRA_BLOCK_SIZE=extra_bs,
+        KV_FP8=kv_fp8,
+        STORE_MAX=max_logits is not None,
+        BLOCK_N=block_n,
+        **cfg.launch_options(),
+        **meta,
+    )
+    if max_splits > 1:
+        red = kernel_config("sparse_mla.reduce")
+        meta.pop("BLOCK_H")
+        rb = red.constexpr_dict()["BLOCK_H"]
+        sparse_mla_reduce_kernel[(T, triton.cdiv(heads, rb))](
+            out,
+            out.stride(0),
+            out.stride(1),
+            lse,
+            lse.stride(0),
+            part_acc,
+            part_ml,
+            main_len if main_len is not None else main_idx,
+            extra_len if extra_len is not None else main_idx,
+            attn_sink if attn_sink is not None else lse,
+            heads,
+            BLOCK_H=rb,
+            **red.launch_options(),
+            **meta,
+        )
+
+
+_MODULE = "deepinfer_sm80.ops.sparse_mla.triton_kernel"
+DSPARK_SWA_WIDTH_K5 = 192  # vLLM: round_up(window 128 + K 5, 64)
+
+_FWD_SIGNATURE = {
+    "q_ptr": "*bf16", "q_stride_t": "i32", "q_stride_h": "i32",
+    "out_ptr": "*bf16", "out_stride_t": "i32", "out_stride_h": "i32",
+    "lse_ptr": "*fp32", "lse_stride_t": "i32", "maxl_ptr": "*fp32",
+    "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
+    "main_ptr": "*u8", "main_stride": "i32", "main_rows": "i32",
+    "main_idx_ptr": "*i32", "main_idx_stride": "i32", "main_len_ptr": "*i32",
+    "extra_ptr": "*u8", "extra_stride": "i32", "extra_rows": "i32",
+    "extra_idx_ptr": "*i32", "extra_idx_stride": "i32", "extra_len_ptr": "*i32",
+    "sink_ptr": "*fp32", "scale_log2": "fp32", "num_heads": "i32", "num_tokens": "i32",
+}  # fmt: skip
+_FWD_DIVISIBLE = (
+    "q_stride_t",
+    "q_stride_h",
+    "out_stride_t",
+    "out_stride_h",
+    "main_stride",
+    "extra_stride",
+    "main_idx_stride",
+    "extra_idx_stride",
+)
+
+
+def _fwd_spec(label, cfg_name, *, fp8, main_width, extra_width, block_size, rows_per_split):
+    cfg = kernel_config(cfg_name)
+    sig = dict(_FWD_SIGNATURE)
+    if not fp8:
+        sig["main_ptr"] = "*bf16"
+    splits = max(1, math.ceil((main_width + extra_width) / rows_per_split))
+    return KernelSpec(
+        label=label,
+        kernel=f"{_MODULE}:sparse_mla_fwd_kernel",
+        signature=sig,
+        constexprs={
+            "MAIN_WIDTH": main_width,
+            "EXTRA_WIDTH": extra_width,
+            "MAIN_BLOCK_SIZE": block_size,
+            "EXTRA_BLOCK_SIZE": block_size // 2 or 1,
+            "KV_FP8": fp8,
+            "HAS_EXTRA": extra_width > 0,
+            "HAS_LEN": True,
+            "HAS_SINK": True,
+            "STORE_MAX": not fp8,
+            "ROWS_PER_SPLIT": rows_per_split,
+            "MAX_SPLITS": splits,
+            "BLOCK_H": cfg.constexpr_dict()["BLOCK_H"],
+            "BLOCK_N": cfg.constexpr_dict()["BLOCK_N"],
+        },
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        maxnreg=cfg.maxnreg,
+        min_ctas_per_sm=2,
+        ints_divisible_by_16=_FWD_DIVISIBLE,
+    )
+
+
+def ampere_kernel_specs() -> list[KernelSpec]:
+    """Shipped configs at DeepSeek-V4.1 widths: SWA 128 (+ DSpark 192), Top-K 512."""
+    rps = kernel_config("sparse_mla.decode").constexpr_dict()["ROWS_PER_SPLIT"]
+    specs = [
+        _fwd_spec(
+            "sparse_mla.decode[swa128]",
+            "sparse_mla.decode",
+            fp8=True,
+            main_width=128,
+            extra_width=0,
+            block_size=256,
+            rows_per_split=rps,
+        ),
+        _fwd_spec(
+            "sparse_mla.decode[swa128+topk512]",
+            "sparse_mla.decode",
+            fp8=True,
+            main_width=128,
+            extra_width=512,
+            block_size=256,
+            rows_per_split=rps,
+        ),
+        _fwd_spec(
+            "sparse_mla.decode[dspark192]",
+            "sparse_mla.decode",
+            fp8=True,
+            main_width=DSPARK_SWA_WIDTH_K5,
+            extra_width=0,
+            block_size=256,
+            rows_per_split=rps,
+        ),
+        _fwd_spec(
+            "sparse_mla.prefill[640]",
+            "sparse_mla.prefill",
+            fp8=False,
+            main_width=640,
+            extra_width=0,
+            block_size=1,
+            rows_per_split=640,
+        ),
+    ]
+    red = kernel_config("sparse_mla.reduce")
+    specs.append(
+        KernelSpec(
+            label="sparse_mla.reduce[640]",
+            kernel=f"{_MODULE}:sparse_mla_reduce_kernel",
+            signature={
+                "out_ptr": "*bf16",
+                "out_stride_t": "i32",
+                "out_stride_h": "i32",
+                "lse_ptr": "*fp32",
+                "lse_stride_t": "i32",
+                "part_acc_ptr": "*fp32",
+                "part_ml_ptr": "*fp32",
+                "main_len_ptr": "*i32",
+                "extra_len_ptr": "*i32",
+                "sink_ptr": "*fp32",
+                "num_heads": "i32",
+            },
+            constexprs={
+                "MAIN_WIDTH": 128,
+                "EXTRA_WIDTH": 512,
+                "HAS_EXTRA": True,
+                "HAS_LEN": True,
+                "HAS_SINK": True,
+                "ROWS_PER_SPLIT": rps,
+                "MAX_SPLITS": math.ceil(640 / rps),
+                "BLOCK_H": red.constexpr_dict()["BLOCK_H"],
+            },
+            num_warps=red.num_warps,
+            num_stages=red.num_stages,
+            ints_divisible_by_16=("out_stride_t", "out_stride_h"),
+        )
+    )
+    return specs
+
+
+__all__ = ["ampere_kernel_specs", "sparse_mla_decode", "sparse_mla_prefill"]

@@ -100,7 +100,7 @@ def time_all() -> None:
             problems = fits.get(f"{label} {_name(c)}")
             fit_txt = "fits" if problems == [] else ("NO FIT" if problems else "fit ?")
             try:
-                t = timer(lambda: case.candidate(state))
+                t = timer(lambda case=case, state=state: case.candidate(state))
                 print(f"{case_name} {_name(c)}: {t.median_us:9.1f} us  [{fit_txt}]", flush=True)
             except Exception as exc:  # noqa: BLE001 -- report and go on with the sweep
                 print(f"{case_name} {_name(c)}: failed {type(exc).__name__}: {exc}"[:200])

@@ -121,8 +121,11 @@ class CudaTimer:
             fn()
             host_us.append((time.perf_counter() - t0) * 1e6)
             torch.cuda.synchronize()
-        # Hold the stream for 3x the worst host enqueue time seen (at least 200 us).
-        sleep_cycles = int(max(200.0, 3 * max(host_us)) * self.CYCLES_PER_US)
+        # Hold the stream for 3x the host enqueue time (median of the warm calls: the
+        # first may include a JIT compile), between 200 us and 50 ms.
+        steady = sorted(host_us[1:] or host_us)[len(host_us[1:] or host_us) // 2]
+        sleep_us = min(max(200.0, 3 * steady), 50_000.0)
+        sleep_cycles = int(sleep_us * self.CYCLES_PER_US)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
         for start, end in zip(starts, ends, strict=True):

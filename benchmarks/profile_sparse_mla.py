@@ -9,8 +9,12 @@ from benchmarks.microbench_sm80_kernels import build_registry
 
 def main() -> None:
     cases = {c.name: c for c in build_registry().cases()}
-    for name in ("mla_decode_T1_H64_w128+512", "mla_decode_T64_H64_w128+512",
-                 "mla_decode_T5_H32_w192+0", "mla_prefill_T1024_H16_ctx16K"):
+    for name in (
+        "mla_decode_T1_H64_w128+512",
+        "mla_decode_T64_H64_w128+512",
+        "mla_decode_T5_H32_w192+0",
+        "mla_prefill_T1024_H16_ctx16K",
+    ):
         case = cases[name]
         state = case.setup()
         for _ in range(3):

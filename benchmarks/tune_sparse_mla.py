@@ -65,8 +65,12 @@ def fit() -> None:
 
 
 TIMED = [
-    (16, 16, 8, 1, 128), (16, 16, 8, 2, None), (16, 32, 8, 1, None), (16, 64, 8, 1, None),
-    (16, 64, 4, 2, None), (64, 16, 8, 1, None),
+    # (BLOCK_H, BLOCK_N, num_warps, num_stages, maxnreg, ROWS_PER_SPLIT)
+    (16, 16, 8, 1, 128, 256),
+    (16, 16, 8, 1, None, 256),
+    (16, 16, 8, 1, 128, 64),
+    (16, 16, 8, 1, 128, 128),
+    (16, 16, 4, 1, None, 256),
 ]
 
 
@@ -82,18 +86,21 @@ def time_all() -> None:
     for case_name, cfg_name, label in (
         ("mla_decode_T64_H64_w128+512", "sparse_mla.decode", "sparse_mla.decode[swa128+topk512]"),
         ("mla_decode_T1_H64_w128+512", "sparse_mla.decode", "sparse_mla.decode[swa128+topk512]"),
-        ("mla_prefill_T1024_H64_ctx16K", "sparse_mla.prefill", "sparse_mla.prefill[640]"),
+        ("mla_decode_T256_H64_w128+512", "sparse_mla.decode", "sparse_mla.decode[swa128+topk512]"),
     ):
         case = cases[case_name]
         state = case.setup()
         base = arch.KERNEL_CONFIGS[cfg_name]
         for c in TIMED:
-            arch.KERNEL_CONFIGS[cfg_name] = _with(base, c)
-            problems = fits.get(f"{label} {_name(c)}")
+            arch.KERNEL_CONFIGS[cfg_name] = _with(base, c[:5], c[5] if len(c) > 5 else None)
+            problems = fits.get(f"{label} {_name(c[:5])}")
             fit_txt = "fits" if problems == [] else ("NO FIT" if problems else "fit ?")
             try:
                 t = timer(lambda case=case, state=state: case.candidate(state))
-                print(f"{case_name} {_name(c)}: {t.median_us:9.1f} us  [{fit_txt}]", flush=True)
+                rps = f" rows/split {c[5]}" if len(c) > 5 else ""
+                print(
+                    f"{case_name} {_name(c)}{rps}: {t.median_us:9.1f} us  [{fit_txt}]", flush=True
+                )
             except Exception as exc:  # noqa: BLE001 -- report and go on with the sweep
                 print(f"{case_name} {_name(c)}: failed {type(exc).__name__}: {exc}"[:200])
         arch.KERNEL_CONFIGS[cfg_name] = base

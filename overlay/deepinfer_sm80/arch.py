@@ -67,10 +67,12 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # BLOCK_N=16 with 8 warps and no pipelining is the fitting config: 48 KB, 128 regs
     # (decode) / 101 (prefill), no spills, so two CTAs fit an sm86 SM.
     # maxnreg=128 keeps two 256-thread CTAs per SM on sm80 too (157 registers otherwise).
+    # 128 rows per split: on an H200 (proxy), T=1 takes 64 us vs 109 us at 256 rows, and
+    # T=256 1,566 us vs 1,507 (benchmarks/tune_sparse_mla.py); Ampere not yet measured.
     "sparse_mla.decode": LaunchConfig(
         num_warps=8,
         num_stages=1,
-        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 256)),
+        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 128)),
         maxnreg=128,
     ),
     "sparse_mla.prefill": LaunchConfig(

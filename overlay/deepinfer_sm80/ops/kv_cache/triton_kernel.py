@@ -64,8 +64,6 @@ def kv_gather_v4_kernel(
     o_j = tl.arange(0, 64)
     m_nope = (o_g < 7)[None, :, None]  # [1, 8, 1]
     o_col = (o_g[:, None] * 64 + o_j[None, :])[None, :, :]  # [1, 8, 64]
-    m_pair = m_nope
-    o_pair = (o_g[:, None] * 32 + tl.arange(0, 32)[None, :])[None, :, :]  # [1, 8, 32]
 
     for r0 in range(i_w * ROWS, gather_len, n_w * ROWS):
         rows = r0 + o_r  # [ROWS]
@@ -80,26 +78,15 @@ def kv_gather_v4_kernel(
         p_scale = p_page + BLOCK_SIZE * 576 + slot * 8  # [ROWS]
         p_out = out_ptr + i_b * out_stride0 + (offset + rows).to(tl.int64) * out_stride1
 
-        # NoPE: 7 groups of 64 e4m3 bytes, each times its UE8M0 scale. The bytes are read
-        # as 16-bit pairs (little-endian: even column in the low byte) and the two
-        # decoded halves joined back in column order, so the tile keeps one register
-        # layout from load to store (no shared-memory shuffle between u8 and bf16).
-        m_q = m_r[:, None, None] & m_pair
-        b_w = tl.load(
-            p_data.to(tl.pointer_type(tl.uint16))[:, None, None] + o_pair,
-            mask=m_q,
-            other=0,
-            eviction_policy="evict_first",  # records are read once: let them leave L2 first
-        ).to(tl.int32)  # [ROWS, 8, 32] byte pairs
-        b_s = ue8m0_to_f32(
-            tl.load(p_scale[:, None] + o_g[None, :], mask=m_r[:, None] & (o_g < 7)[None, :])
-        )[:, :, None]
-        b_lo = e4m3_to_f32(b_w & 0xFF) * b_s
-        b_hi = e4m3_to_f32(b_w >> 8) * b_s
-        b_nope = tl.reshape(tl.join(b_lo, b_hi), (ROWS, 8, 64)).to(tl.bfloat16)
-        tl.store(
-            p_out[:, None, None] + o_col * out_stride2, b_nope, mask=m_r[:, None, None] & m_nope
-        )
+        # NoPE: 7 groups of 64 e4m3 bytes, each times its UE8M0 scale.
+        m_q = m_r[:, None, None] & m_nope
+        # Records are read once: let them leave L2 first.
+        b_q = tl.load(
+            p_data[:, None, None] + o_col, mask=m_q, other=0, eviction_policy="evict_first"
+        )  # [ROWS, 8, 64] u8
+        b_s = tl.load(p_scale[:, None] + o_g[None, :], mask=m_r[:, None] & (o_g < 7)[None, :])
+        b_nope = e4m3_to_f32(b_q) * ue8m0_to_f32(b_s)[:, :, None]
+        tl.store(p_out[:, None, None] + o_col * out_stride2, b_nope.to(tl.bfloat16), mask=m_q)
 
         # RoPE: 64 bf16 values copied as they are.
         p_rope = (p_data + 448).to(tl.pointer_type(tl.bfloat16))

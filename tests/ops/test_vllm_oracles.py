@@ -84,3 +84,25 @@ def test_global_topk_equals_vllm():
     ours = compute_global_topk_indices_and_lens(*args)
     theirs = vllm_cache_utils.compute_global_topk_indices_and_lens(*args)
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+
+
+def test_sparse_mla_reference_decodes_records_like_vllm():
+    """The sparse-MLA reference's record decode equals vLLM's own gather of the same
+    slots (so the attention reference reads the cache exactly as vLLM does)."""
+    from deepinfer_sm80.ops.sparse_mla.ref import decode_rows
+
+    # Scale bytes >= 10: below that the products are denormal and the CPU interpreter
+    # (running vLLM's kernel) rounds them to bf16 unlike torch (see _filled_cache).
+    cache = _filled_cache(5, 64, "cpu", seed=3, min_scale=10)
+    slots = torch.tensor([0, 63, 64, 200, 319, 5, 130], dtype=torch.int32)
+    ours = decode_rows(cache, slots.long())
+    # vLLM gathers positions [0, n) of one request; a block table that maps position i
+    # to slot[i]'s page does the same selection when each slot sits at its own offset.
+    theirs = nan_empty(1, 64 * 5, 512)
+    table = torch.arange(5, dtype=torch.int32)[None, :]
+    vllm_cache_utils.dequantize_and_gather_k_cache_triton(
+        theirs, cache, torch.tensor([320], dtype=torch.int32), None, table, 64, 0
+    )
+    picked = theirs[0, slots.long()]
+    same = (ours.view(torch.int16) == picked.view(torch.int16)) | (ours.isnan() & picked.isnan())
+    assert same.all()

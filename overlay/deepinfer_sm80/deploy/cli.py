@@ -1,0 +1,95 @@
+"""The ``deepinfer`` command: validate, launch (or --dry-run) and schema.
+
+Problems in a topology print as one message each and exit 2; nothing prints a
+traceback for a user's mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+
+from deepinfer_sm80.deploy.launcher import render
+from deepinfer_sm80.deploy.schema import Topology
+from deepinfer_sm80.deploy.topology import ConfigError, load, validate
+
+
+def _report(v) -> None:
+    for w in v.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    for e in v.errors:
+        print(f"error: {e}", file=sys.stderr)
+
+
+def cmd_validate(args) -> int:
+    topo, path = load(args.topology)
+    v = validate(topo, path)
+    _report(v)
+    for p in v.plan_only:
+        print(f"plan-only: {p}", file=sys.stderr)
+    if v.errors:
+        return 2
+    print(f"{path}: valid{' (plan-only: cannot be launched)' if v.plan_only else ''}")
+    return 0
+
+
+def cmd_launch(args) -> int:
+    topo, path = load(args.topology)
+    v = validate(topo, path)
+    _report(v)
+    if v.errors:
+        print(f"error: {path}: refused before launch", file=sys.stderr)
+        return 2
+    if v.plan_only:
+        for p in v.plan_only:
+            print(f"error: {p}", file=sys.stderr)
+        return 2
+    plan = render(topo)
+    for what, why in plan.decisions:
+        print(f"decision: {what} -- {why}", file=sys.stderr)
+    env_txt = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
+    print(f"{env_txt} {shlex.join(plan.argv)}")
+    if args.dry_run:
+        return 0
+    exe = shutil.which(plan.argv[0])
+    if exe is None:
+        print(
+            "error: `vllm` is not on PATH; run inside the image or install vllm==0.33.0",
+            file=sys.stderr,
+        )
+        return 2
+    os.execve(exe, plan.argv, {**os.environ, **plan.env})
+    return 0  # not reached
+
+
+def cmd_schema(args) -> int:
+    print(json.dumps(Topology.model_json_schema(), indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="deepinfer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check a topology file")
+    p.add_argument("topology", help="a shipped name (tp8) or a path to a YAML file")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("launch", help="start vllm serve from a topology")
+    p.add_argument("topology")
+    p.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
+    p.set_defaults(func=cmd_launch)
+    p = sub.add_parser("schema", help="print the topology JSON schema")
+    p.set_defaults(func=cmd_schema)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""deploy/: topology files, the pipeline-cut rule, refusals and golden launch renders."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pydantic", reason="deploy/ needs pydantic (in make test's .venv)")
+
+from deepinfer_sm80 import model_topology as mt
+from deepinfer_sm80.deploy import cli
+from deepinfer_sm80.deploy.launcher import render
+from deepinfer_sm80.deploy.schema import Topology
+from deepinfer_sm80.deploy.topology import CONFIG_DIR, ConfigError, load, validate
+
+SHIPPED = ["tp2-pp3", "pp6", "tp2-tp4", "tp4-pp2", "tp8"]
+
+
+# ------------------------------------------------------------------ the cut rule
+
+
+def test_legal_cuts_follow_the_sharing_groups():
+    assert mt.legal_cut_points() == [1, 2, 8, 14, 20]
+    assert (14, 6, 20) in mt.legal_partitions(3) and (14, 14, 12) not in mt.legal_partitions(3)
+    assert mt.legal_partitions(2) == [(1, 39), (2, 38), (8, 32), (14, 26), (20, 20)]
+    # The last stage always holds 20..39 without the relay, so at most 6 stages exist.
+    assert mt.legal_partitions(6) == [(1, 1, 6, 6, 6, 20)] and mt.legal_partitions(7) == []
+
+
+def test_cut_at_28_needs_the_caches_and_candidate_rows_but_not_topk():
+    (item,) = mt.cross_stage([14, 14, 12])
+    assert item.cut == 28 and item.group.source == 20
+    # Layer 28 is itself an index source: the Top-K rows do not cross (design doc 1.1).
+    assert item.objects == ("compressed KV cache", "indexer-K cache", "candidate rows")
+    (item,) = mt.cross_stage([20, 6, 14])
+    assert "Top-K rows" in item.objects  # 26 reads layer 24's Top-K
+
+
+def test_relay_capability_unlocks_any_cut():
+    relay = mt.PluginCapabilities(relays_shared_kv=True)
+    assert mt.partition_errors([14, 14, 12], relay) == []
+    assert mt.partition_errors([14, 14, 12])  # refused without it
+    assert mt.partition_errors([14, 14, 13], relay) == [
+        "the stages hold 41 layers; DeepSeek-V4.1 has 40"
+    ]
+
+
+# ------------------------------------------------------------------ shipped topologies
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_topologies_parse(name):
+    topo, path = load(name)
+    assert topo.name == name and path.stem == name
+    assert topo.max_model_len == 1_048_576 and topo.speculative.num_speculative_tokens == 5
+    assert not topo.vision
+
+
+@pytest.mark.parametrize("name", ["tp2-pp3", "pp6"])
+def test_cuts_inside_groups_are_refused_until_the_relay_lands(name):
+    v = validate(*load(name))
+    assert not v.launchable
+    assert any("splits the sharing group layers 20-39" in e for e in v.errors)
+    assert all("Legal stage starts: 1, 2, 8, 14, 20" in e for e in v.errors)
+    relay = mt.PluginCapabilities(relays_shared_kv=True)
+    assert validate(*load(name), capabilities=relay).launchable
+
+
+def test_asymmetric_tp_is_plan_only():
+    v = validate(*load("tp2-tp4"))
+    assert not v.errors and v.plan_only and not v.launchable
+    assert "one TP size" in v.plan_only[0]
+    assert any("576 is not a multiple of 128" in w for w in v.warnings)
+
+
+GOLDEN_TP4_PP2 = [
+    "vllm", "serve", "deepseek-ai/DeepSeek-V4.1-Flash",
+    "--served-model-name", "deepseek-v4.1-flash", "--host", "127.0.0.1", "--port", "8000",
+    "--tensor-parallel-size", "4", "--pipeline-parallel-size", "2",
+    "--max-model-len", "1048576", "--kv-cache-dtype", "fp8",
+    "--gpu-memory-utilization", "0.75", "--max-num-seqs", "16",
+    "--max-num-batched-tokens", "8192",
+    "--speculative-config",
+    '{"method":"dspark","num_speculative_tokens":5,"rejection_sample_method":"block",'
+    '"enable_adaptive_verification":false}',
+    "--engram-config", '{"cpu_offload":true}',
+    "--tokenizer-mode", "deepseek_v41", "--reasoning-parser", "deepseek_v41",
+    "--tool-call-parser", "deepseek_v41", "--enable-auto-tool-choice",
+    "--language-model-only",
+]  # fmt: skip
+
+
+def test_golden_render_tp4_pp2():
+    topo, _ = load("tp4-pp2")
+    plan = render(topo)
+    assert plan.argv == GOLDEN_TP4_PP2
+    assert plan.env == {"VLLM_PP_LAYER_PARTITION": "20,20", "VLLM_ENGINE_READY_TIMEOUT_S": "3600"}
+    assert any("even split" in why for _, why in plan.decisions)
+
+
+def test_golden_render_tp8():
+    plan = render(load("tp8")[0])
+    expected = [*GOLDEN_TP4_PP2[:9], "--tensor-parallel-size", "8", "--pipeline-parallel-size", "1"]
+    assert plan.argv[:13] == expected
+    assert plan.argv[13:] == GOLDEN_TP4_PP2[13:]
+    assert "VLLM_PP_LAYER_PARTITION" not in plan.env
+
+
+def test_adaptive_verification_rendered_off_under_pp(tmp_path):
+    data = (CONFIG_DIR / "topologies" / "tp4-pp2.yaml").read_text()
+    data = data.replace(
+        "num_speculative_tokens: 5}", "num_speculative_tokens: 5, adaptive_verification: true}"
+    )
+    f = tmp_path / "t.yaml"
+    f.write_text(data)
+    plan = render(load(str(f))[0])
+    spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
+    assert spec["enable_adaptive_verification"] is False
+
+
+# ------------------------------------------------------------------ errors
+
+BASE = "name: t\ngpus: {count: 8}\nparallel: {tensor_parallel: 8}\n"
+ERROR_CASES = [
+    ("malformed", "name: [unclosed\n", "not valid YAML at line"),
+    ("not-a-mapping", "- a\n- b\n", "expected a mapping"),
+    ("unknown-key", BASE + "max_model_length: 5\n", "max_model_length: unknown field"),
+    ("missing", "name: t\n", "gpus: required field is missing"),
+    ("wrong-type", BASE.replace("count: 8", "count: eight"), "gpus.count:"),
+    ("out-of-range", BASE + "gpu_memory_utilization: 1.5\n", "gpu_memory_utilization:"),
+    ("bad-literal", BASE + "kv_cache_dtype: bf16\n", "kv_cache_dtype:"),
+    ("context-too-long", BASE + "max_model_len: 2000000\n", "max_model_len:"),
+    ("bad-port", BASE + "port: 70000\n", "port:"),
+    ("bad-spec-method", BASE + "speculative: {method: eagle}\n", "speculative.method:"),
+]
+
+
+@pytest.mark.parametrize("case,text,message", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_load_errors_are_one_clear_message(tmp_path, case, text, message):
+    f = tmp_path / f"{case}.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load(str(f))
+    assert str(f) in str(info.value)
+
+
+SEMANTIC_CASES = [
+    ("tp-heads", "gpus: {count: 3}\nparallel: {tensor_parallel: 3}\n", "does not divide the 64"),
+    ("gpu-count", "gpus: {count: 6}\nparallel: {tensor_parallel: 8}\n", "gpus.count: 6 GPUs"),
+    (
+        "partition-missing",
+        "gpus: {count: 2}\nparallel: {pipeline_parallel: 2}\n",
+        "parallel.partition: required with 2 pipeline stages",
+    ),
+    (
+        "partition-count",
+        "gpus: {count: 2}\nparallel: {pipeline_parallel: 2, partition: [40]}\n",
+        "1 entries for 2 stages",
+    ),
+    (
+        "partition-sum",
+        "gpus: {count: 2}\nparallel: {pipeline_parallel: 2, partition: [20, 21]}\n",
+        "hold 41 layers",
+    ),
+    (
+        "tp-list-length",
+        "gpus: {count: 2}\nparallel: {tensor_parallel: [2], pipeline_parallel: 2,"
+        " partition: [20, 20]}\n",
+        "1 sizes for 2 stages",
+    ),
+    (
+        "k-too-large",
+        "gpus: {count: 8}\nparallel: {tensor_parallel: 8}\n"
+        "speculative: {num_speculative_tokens: 7}\n",
+        "exceed Ampere shared memory",
+    ),
+    (
+        "partition-without-pp",
+        "gpus: {count: 8}\nparallel: {tensor_parallel: 8, partition: [20, 20]}\n",
+        "set only with pipeline_parallel > 1",
+    ),
+]
+
+
+@pytest.mark.parametrize("case,text,message", SEMANTIC_CASES, ids=[c[0] for c in SEMANTIC_CASES])
+def test_validation_errors_name_field_and_fix(tmp_path, case, text, message):
+    f = tmp_path / f"{case}.yaml"
+    f.write_text("name: t\n" + text)
+    v = validate(*load(str(f)))
+    assert any(message in e for e in v.errors), v.errors
+    assert all(str(f) in e for e in v.errors)
+
+
+def test_unknown_topology_name_lists_the_shipped_ones():
+    with pytest.raises(ConfigError, match="shipped ones: pp6, tp2-pp3, tp2-tp4, tp4-pp2, tp8"):
+        load("tp3")
+
+
+def test_warnings(tmp_path):
+    f = tmp_path / "w.yaml"
+    f.write_text(
+        "name: w\n" + "gpus: {count: 8}\nparallel: {tensor_parallel: 8}\n"
+        "gpu_memory_utilization: 0.9\n"
+    )
+    v = validate(*load(str(f)))
+    assert not v.errors and any("first request" in w for w in v.warnings)
+
+
+# ------------------------------------------------------------------ CLI and schema
+
+
+def test_cli_dry_run_and_refusal(capsys):
+    assert cli.main(["launch", "tp8", "--dry-run"]) == 0
+    out = capsys.readouterr()
+    assert "vllm serve deepseek-ai/DeepSeek-V4.1-Flash" in out.out
+    assert "decision: --language-model-only" in out.err
+    assert cli.main(["launch", "tp2-pp3", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "refused before launch" in err and "Traceback" not in err
+    assert cli.main(["launch", "nope"]) == 2
+
+
+def test_every_schema_field_is_documented_and_the_export_is_current():
+    schema = Topology.model_json_schema()
+    for defn in [schema, *schema["$defs"].values()]:
+        for name, prop in defn["properties"].items():
+            assert prop.get("description"), f"field {name} has no docstring"
+    exported = json.loads((CONFIG_DIR / "topology.schema.json").read_text())
+    assert exported == schema, "run: deepinfer schema > configs/topology.schema.json"
+
+
+@pytest.mark.vllm
+def test_rendered_flags_exist_in_vllm():
+    """Every flag we render is an argument of vLLM 0.33.0's `vllm serve`."""
+    import dataclasses
+
+    vllm_args = pytest.importorskip("vllm.engine.arg_utils")
+    frontend = pytest.importorskip("vllm.entrypoints.common.cli_args")
+    fields = {f.name for f in dataclasses.fields(vllm_args.AsyncEngineArgs)}
+    fields |= {f.name for f in dataclasses.fields(frontend.FrontendArgs)}
+    for name in ("tp8", "tp4-pp2"):
+        flags = [a[2:].replace("-", "_") for a in render(load(name)[0]).argv if a.startswith("--")]
+        missing = [f for f in flags if f not in fields]
+        assert not missing, f"flags vLLM 0.33.0 does not know: {missing}"
+    assert Path(vllm_args.__file__).exists()

@@ -13,6 +13,7 @@ import shlex
 import shutil
 import sys
 
+from deepinfer_sm80.deploy import health
 from deepinfer_sm80.deploy.launcher import render
 from deepinfer_sm80.deploy.schema import Topology
 from deepinfer_sm80.deploy.topology import ConfigError, load, validate
@@ -66,6 +67,27 @@ def cmd_launch(args) -> int:
     return 0  # not reached
 
 
+def cmd_health(args) -> int:
+    target = health.Target(
+        base_url=args.url,
+        served_model_name=args.served_model_name,
+        api_key=os.environ.get("VLLM_API_KEY"),
+        timeout_s=args.timeout,
+    )
+    check = health.check_ready if args.ready else health.check_live
+    try:
+        if args.wait:
+            probe = health.docker_container_probe(args.container) if args.container else None
+            health.wait(check, target, args.wait, container=probe)
+        else:
+            check(target)
+    except health.HealthError as exc:
+        print(f"unhealthy: {exc}", file=sys.stderr)
+        return 1
+    print("ready" if args.ready else "live")
+    return 0
+
+
 def cmd_schema(args) -> int:
     print(json.dumps(Topology.model_json_schema(), indent=1))
     return 0
@@ -81,6 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("topology")
     p.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
     p.set_defaults(func=cmd_launch)
+    p = sub.add_parser("health", help="is the server live (--live) or really ready (--ready)?")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--live", action="store_true", help="port + GET /health (default)")
+    mode.add_argument("--ready", action="store_true", help="also /v1/models and one completion")
+    p.add_argument("--url", default=os.environ.get("DEEPINFER_URL", "http://127.0.0.1:8000"))
+    p.add_argument(
+        "--served-model-name",
+        default=os.environ.get("DEEPINFER_SERVED_MODEL_NAME", "deepseek-v4.1-flash"),
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
+    p.add_argument("--wait", type=float, default=0.0, help="retry until this many seconds pass")
+    p.add_argument("--container", help="with --wait: fail at once if this container exited")
+    p.set_defaults(func=cmd_health)
     p = sub.add_parser("schema", help="print the topology JSON schema")
     p.set_defaults(func=cmd_schema)
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ import shlex
 import shutil
 import sys
 
-from deepinfer_sm80.deploy import health
+from deepinfer_sm80.deploy import health, weights
 from deepinfer_sm80.deploy.launcher import render
 from deepinfer_sm80.deploy.schema import Topology
 from deepinfer_sm80.deploy.topology import ConfigError, load, validate
@@ -88,6 +88,26 @@ def cmd_health(args) -> int:
     return 0
 
 
+def cmd_weights(args) -> int:
+    if args.action == "download":
+        try:
+            path = weights.download(args.repo, args.cache_dir, args.revision)
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(path)
+        target = path
+    else:
+        target = args.path
+    problems = weights.verify(target, check_hashes=args.hash)
+    for p in problems:
+        print(f"error: {p}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{target}: every shard present and complete{' (hashes checked)' if args.hash else ''}")
+    return 0
+
+
 def cmd_schema(args) -> int:
     print(json.dumps(Topology.model_json_schema(), indent=1))
     return 0
@@ -116,9 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wait", type=float, default=0.0, help="retry until this many seconds pass")
     p.add_argument("--container", help="with --wait: fail at once if this container exited")
     p.set_defaults(func=cmd_health)
+    p = sub.add_parser("weights", help="download or verify the checkpoint")
+    p.add_argument("action", choices=["download", "verify"])
+    p.add_argument("path", nargs="?", help="verify: the checkpoint folder")
+    p.add_argument("--repo", default="deepseek-ai/DeepSeek-V4.1-Flash")
+    p.add_argument("--cache-dir", default=os.environ.get("HF_HUB_CACHE"))
+    p.add_argument("--revision")
+    p.add_argument("--hash", action="store_true", help="also SHA-256 every shard (slow)")
+    p.set_defaults(func=cmd_weights)
     p = sub.add_parser("schema", help="print the topology JSON schema")
     p.set_defaults(func=cmd_schema)
     args = parser.parse_args(argv)
+    if args.command == "weights" and args.action == "verify" and not args.path:
+        parser.error("weights verify needs the checkpoint folder")
     try:
         return args.func(args)
     except ConfigError as exc:

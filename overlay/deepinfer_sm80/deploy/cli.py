@@ -12,8 +12,9 @@ import os
 import shlex
 import shutil
 import sys
+from pathlib import Path
 
-from deepinfer_sm80.deploy import health, weights
+from deepinfer_sm80.deploy import doctor, health, weights
 from deepinfer_sm80.deploy.launcher import render
 from deepinfer_sm80.deploy.schema import Topology
 from deepinfer_sm80.deploy.topology import ConfigError, load, validate
@@ -108,6 +109,24 @@ def cmd_weights(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    needed = None
+    if args.topology:
+        topo, _ = load(args.topology)
+        needed = topo.gpus.count
+    checks = doctor.check_gpus(doctor._nvidia_smi(), needed)
+    checks += doctor.check_host(weights_dir=Path(args.weights) if args.weights else None)
+    status = os.environ.get("DEEPINFER_STATUS_FILE")
+    checks.append(doctor.check_patches(Path(status) if status else None))
+    if args.json:
+        print(json.dumps([c.__dict__ for c in checks], indent=1))
+    else:
+        for c in checks:
+            fix = f"  -> {c.fix}" if c.fix else ""
+            print(f"[{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}{fix}")
+    return 0 if all(c.ok for c in checks) else 1
+
+
 def cmd_schema(args) -> int:
     print(json.dumps(Topology.model_json_schema(), indent=1))
     return 0
@@ -144,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--revision")
     p.add_argument("--hash", action="store_true", help="also SHA-256 every shard (slow)")
     p.set_defaults(func=cmd_weights)
+    p = sub.add_parser("doctor", help="can this host run the server?")
+    p.add_argument("--topology", help="check the GPU count against this topology")
+    p.add_argument("--weights", help="checkpoint folder to verify")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("schema", help="print the topology JSON schema")
     p.set_defaults(func=cmd_schema)
     args = parser.parse_args(argv)

@@ -1,0 +1,177 @@
+"""``deepinfer doctor``: can this host run the server? Each check passes or fails with
+the fix. No torch, no vLLM: the GPUs are read through ``nvidia-smi``.
+
+Thresholds and their sources:
+- driver >= 580.65.06: the minimum Linux driver for CUDA 13.0 (NVIDIA CUDA 13.0 release
+  notes), which torch 2.14.0+cu130 / vLLM 0.33.0 are built against.
+- host RAM >= 200 GiB with Engram offload: two Engram tables of about 94.6 GiB each
+  (estimate in shared/docs/vllm-0.33-deepseek-v41.md section 5) live in pinned host memory.
+- /dev/shm >= 8 GiB: NCCL and vLLM's shared-memory broadcast between workers use it;
+  Docker's default of 64 MiB is far too small.
+- disk >= 500 GiB free for the weights: the checkpoint is about 475 GiB (same source).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepinfer_sm80.deploy import weights
+
+MIN_DRIVER = (580, 65, 6)
+ENGRAM_HOST_GIB = 200
+MIN_SHM_GIB = 8
+WEIGHTS_GIB = 500
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _nvidia_smi(run=subprocess.run) -> list[dict] | str:
+    try:
+        out = run(
+            ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version",
+             "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        return f"nvidia-smi not usable ({exc.__class__.__name__})"
+    if out.returncode != 0:
+        return f"nvidia-smi failed: {out.stderr.strip() or out.stdout.strip()}"
+    gpus = []
+    for line in out.stdout.strip().splitlines():
+        name, cap, mem, drv = (x.strip() for x in line.split(","))
+        gpus.append({"name": name, "capability": cap, "memory_mib": int(float(mem)), "driver": drv})
+    return gpus
+
+
+def check_gpus(gpus: list[dict] | str, needed: int | None = None) -> list[Check]:
+    if isinstance(gpus, str) or not gpus:
+        return [
+            Check(
+                "gpus",
+                False,
+                gpus or "no GPU listed",
+                "install the NVIDIA driver; in Docker, the NVIDIA container toolkit and "
+                "`gpus: all`",
+            )
+        ]
+    names = ", ".join(
+        f"{g['name']} (sm{g['capability'].replace('.', '')}, {g['memory_mib'] // 1024} GiB)"
+        for g in gpus
+    )
+    checks = [
+        Check(
+            "gpus",
+            needed is None or len(gpus) >= needed,
+            f"{len(gpus)} visible: {names}",
+            f"the topology needs {needed}" if needed and len(gpus) < needed else "",
+        )
+    ]
+    not_ampere = [g["name"] for g in gpus if not g["capability"].startswith("8.")]
+    checks.append(
+        Check(
+            "ampere",
+            not not_ampere,
+            "all compute capability 8.x"
+            if not not_ampere
+            else f"not Ampere: {', '.join(not_ampere)}",
+            "" if not not_ampere else "the overlay's kernels target sm80/sm86",
+        )
+    )
+    drv = gpus[0]["driver"]
+    parts = tuple(int(x) for x in drv.split(".") if x.isdigit())
+    ok = parts >= MIN_DRIVER
+    checks.append(
+        Check(
+            "driver",
+            ok,
+            f"{drv}" + ("" if ok else " is older than CUDA 13.0 needs"),
+            "" if ok else "install driver 580.65.06 or newer",
+        )
+    )
+    return checks
+
+
+def _meminfo_gib(path: Path) -> float:
+    for line in path.read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) / 2**20
+    raise ValueError(f"{path}: no MemTotal line")
+
+
+def check_host(
+    meminfo: Path = Path("/proc/meminfo"),
+    shm: Path = Path("/dev/shm"),
+    weights_dir: Path | None = None,
+    engram_offload: bool = True,
+) -> list[Check]:
+    checks = []
+    ram = _meminfo_gib(meminfo)
+    need = ENGRAM_HOST_GIB if engram_offload else 16
+    checks.append(
+        Check(
+            "host-ram",
+            ram >= need,
+            f"{ram:.0f} GiB (need {need})",
+            ""
+            if ram >= need
+            else "add memory, or turn engram_cpu_offload off (the tables then take GPU memory)",
+        )
+    )
+    if shm.exists():
+        st = os.statvfs(shm)
+        gib = st.f_blocks * st.f_frsize / 2**30
+        checks.append(
+            Check(
+                "shm",
+                gib >= MIN_SHM_GIB,
+                f"/dev/shm {gib:.1f} GiB",
+                "" if gib >= MIN_SHM_GIB else "run with --ipc=host or shm_size: 16g",
+            )
+        )
+    else:
+        checks.append(Check("shm", False, "/dev/shm missing", "mount a tmpfs at /dev/shm"))
+    if weights_dir is not None:
+        problems = (
+            weights.verify(weights_dir) if weights_dir.exists() else [f"{weights_dir}: absent"]
+        )
+        if problems and not (weights_dir / weights.INDEX_FILE).exists():
+            probe = weights_dir if weights_dir.exists() else weights_dir.parent
+            free = shutil.disk_usage(probe).free / 2**30 if probe.exists() else 0.0
+            checks.append(
+                Check(
+                    "disk",
+                    free >= WEIGHTS_GIB,
+                    f"{free:.0f} GiB free at {probe} (weights need ~{WEIGHTS_GIB})",
+                    "" if free >= WEIGHTS_GIB else "free space or point the cache elsewhere",
+                )
+            )
+        checks.append(
+            Check(
+                "weights",
+                not problems,
+                "verified" if not problems else problems[0],
+                "" if not problems else "deepinfer weights download",
+            )
+        )
+    return checks
+
+
+def check_patches(status_file: Path | None) -> Check:
+    if status_file is not None and status_file.exists():
+        return Check("patches", True, f"plugin status at {status_file}")
+    return Check(
+        "patches",
+        False,
+        "no plugin status file: the vLLM plugin has not run here",
+        "the plugin (patch ledger) is not part of this overlay yet",
+    )

@@ -5,8 +5,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pydantic", reason="deploy/ needs pydantic (in make test's .venv)")
-
 from deepinfer_sm80 import model_topology as mt
 from deepinfer_sm80.deploy import cli
 from deepinfer_sm80.deploy.launcher import render

@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from deepinfer_sm80.deploy import doctor, health, weights
+from deepinfer_sm80.deploy import doctor, health, planner, weights
 from deepinfer_sm80.deploy.launcher import render
 from deepinfer_sm80.deploy.schema import Topology
 from deepinfer_sm80.deploy.topology import ConfigError, load, validate
@@ -127,6 +127,36 @@ def cmd_doctor(args) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
+def cmd_plan(args) -> int:
+    if args.all:
+        plans = []
+        for path in planner.shipped_topologies():
+            topo, _ = load(str(path))
+            plans.append(planner.plan(topo, args.gpu or topo.gpus.kind))
+        plans.sort(key=lambda p: -p.kv_tokens)
+        if args.json:
+            print(json.dumps([planner.as_dict(p) for p in plans], indent=1))
+        else:
+            for rank, p in enumerate(plans, 1):
+                gpus = sum(s.tensor_parallel for s in p.stages)
+                print(
+                    f"{rank}. {p.topology:8} {gpus} x {p.gpu}: {p.kv_tokens:>12,} KV tokens "
+                    f"({p.contexts_1m:.2f} x 1M){'' if p.fits else '  DOES NOT FIT'}"
+                )
+        return 0
+    if not args.topology:
+        print("error: plan needs a topology (or --all)", file=sys.stderr)
+        return 2
+    topo, path = load(args.topology)
+    try:
+        p = planner.plan(topo, args.gpu)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(planner.as_dict(p), indent=1) if args.json else planner.format_plan(p))
+    return 0 if p.fits else 1
+
+
 def cmd_schema(args) -> int:
     print(json.dumps(Topology.model_json_schema(), indent=1))
     return 0
@@ -163,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--revision")
     p.add_argument("--hash", action="store_true", help="also SHA-256 every shard (slow)")
     p.set_defaults(func=cmd_weights)
+    p = sub.add_parser("plan", help="weights, reserved memory and KV capacity per stage")
+    p.add_argument("topology", nargs="?")
+    p.add_argument("--gpu", help="GPU kind, e.g. A100-80GB, GA100-64GB, A6000")
+    p.add_argument("--all", action="store_true", help="rank every shipped topology")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
     p = sub.add_parser("doctor", help="can this host run the server?")
     p.add_argument("--topology", help="check the GPU count against this topology")
     p.add_argument("--weights", help="checkpoint folder to verify")

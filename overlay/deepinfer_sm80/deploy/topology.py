@@ -164,6 +164,20 @@ def validate(
                 f"{OOM_PRONE_UTILIZATION} with DSpark: users hit an OOM at the "
                 "first request's allocation; lower it if that happens"
             )
+    if not v.errors:
+        from deepinfer_sm80.deploy.planner import plan  # the planner reads this module
+
+        p = plan(topo)
+        if not p.fits:
+            worst = min(p.stages, key=lambda s: s.kv_budget_gib)
+            v.errors.append(
+                f"{path}: does not fit {topo.gpus.count} x {p.gpu}: stage {worst.stage} (layers "
+                f"{worst.layers}) has {worst.weights_gib:.1f} GiB of weights and "
+                f"{worst.reserved_gib:.1f} GiB reserved per GPU, leaving "
+                f"{worst.kv_budget_gib:.1f} GiB for KV ({p.kv_tokens:,} tokens < max_model_len "
+                f"{topo.max_model_len:,}); raise gpu_memory_utilization, add GPUs or shorten "
+                "max_model_len (see `deepinfer plan`)"
+            )
     for tp in sorted(set(tps)):
         if (MOE_INTERMEDIATE // tp) % MARLIN_TILE:
             v.warnings.append(

@@ -1,0 +1,187 @@
+"""``deepinfer plan``: per stage and GPU, weights, reserved memory and KV capacity.
+
+Estimates, derived from the model facts in ``configs/model/deepseek-v4.1-flash.yaml``
+(every formula is below, with its assumptions):
+
+- weights per stage: its decoder layers (routed experts MXFP4, shared expert and
+  attention MXFP8, all tensor-parallel) plus the embedding on the first stage and the
+  LM head and the 3 DSpark layers on the last (BF16 / as the backbone);
+- reserved per GPU: CUDA graphs and activations (``RESERVED_GIB``) plus, on stages that
+  hold ratio-1 layers (20-39), the bf16 prefill gather workspace vLLM reserves at the
+  maximum context (4 requests x (1M + 128 + batched tokens) x 512 x 2 B);
+- KV bytes per token on a stage: each kv source it holds (or mirrors, for stages whose
+  layers read layer 20 across a cut) costs 584/ratio bytes of compressed KV plus
+  132/ratio bytes of indexer K, replicated on every TP rank (one latent KV head);
+- vLLM sizes one block count for all stages, so the tightest stage bounds the pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from deepinfer_sm80 import model_topology as mt
+from deepinfer_sm80.deploy.schema import Topology
+from deepinfer_sm80.deploy.topology import CONFIG_DIR
+
+GIB = 2**30
+RESERVED_GIB = 3.0  # CUDA graphs + activations per GPU (est; vLLM profiles it at start)
+PREFILL_CHUNK_REQUESTS = 4  # vLLM's PREFILL_CHUNK_SIZE for DeepSeek-V4.1 attention
+ORIGINAL_TP2_PP3_TOKENS = 4_648_480  # the original's GA100-64GB TP2 x PP3 figure
+
+GPU_MEMORY_GIB = {
+    "A100-80GB": 80, "A800-80GB": 80, "A100-40GB": 40, "A800-40GB": 40,
+    "GA100-64GB": 64, "A30": 24, "A6000": 48, "A40": 48, "A10": 24,
+    "RTX3090": 24, "RTX3090Ti": 24,
+}  # fmt: skip
+
+
+def model_facts() -> dict:
+    return yaml.safe_load((CONFIG_DIR / "model" / "deepseek-v4.1-flash.yaml").read_text())
+
+
+def layer_weight_bytes(f: dict, routed: int | None = None) -> float:
+    """One decoder layer: routed + shared experts, attention (all tensor-parallel)."""
+    b = f["bytes_per_param"]
+    expert = 3 * f["hidden_size"] * f["moe"]["moe_intermediate_size"]
+    routed = f["moe"]["n_routed_experts"] if routed is None else routed
+    return (
+        routed * expert * b["mxfp4"]
+        + f["n_shared_experts"] * expert * b["mxfp8"]
+        + f["attention_params_per_layer"] * b["mxfp8"]
+    )
+
+
+def kv_bytes_per_token(f: dict, layers: range, mirrored_sources: set[int]) -> float:
+    """Compressed KV + indexer K per token for the kv sources a stage holds or mirrors."""
+    ratio = {src: (2 if src < 20 else 1) for src in mt.KV_SOURCES}
+    per = f["kv_bytes_per_token"]
+    held = {s for s in mt.KV_SOURCES if s in layers} | mirrored_sources
+    return sum((per["v4_record"] + per["indexer_k_fp8"]) / ratio[s] for s in held)
+
+
+@dataclass
+class StagePlan:
+    stage: int
+    layers: str
+    tensor_parallel: int
+    weights_gib: float
+    reserved_gib: float
+    kv_budget_gib: float
+    kv_bytes_per_token: float
+    kv_tokens: int
+
+
+@dataclass
+class Plan:
+    topology: str
+    gpu: str
+    gpu_memory_gib: float
+    stages: list[StagePlan]
+    kv_tokens: int
+    contexts_1m: float
+    host_ram_gib: float
+    fits: bool
+    notes: list[str]
+
+
+def plan(topo: Topology, gpu: str | None = None) -> Plan:
+    f = model_facts()
+    gpu = gpu or topo.gpus.kind
+    if gpu not in GPU_MEMORY_GIB:
+        raise ValueError(f"--gpu: unknown GPU {gpu!r}; known: {', '.join(sorted(GPU_MEMORY_GIB))}")
+    mem = GPU_MEMORY_GIB[gpu]
+    par = topo.parallel
+    pp = par.pipeline_parallel
+    tps = (
+        par.tensor_parallel if isinstance(par.tensor_parallel, list) else [par.tensor_parallel] * pp
+    )
+    partition = par.partition or [mt.NUM_LAYERS]
+    ranges = mt.stage_layers(partition)
+    embed = f["vocab_size"] * f["hidden_size"] * f["bytes_per_param"]["bf16"]
+    dspark = f["dspark_layers"] * layer_weight_bytes(f, f["dspark_moe"]["n_routed_experts"])
+    stages = []
+    for i, (layers, tp) in enumerate(zip(ranges, tps, strict=True)):
+        w = len(layers) * layer_weight_bytes(f)
+        if i == 0:
+            w += embed
+        if i == len(ranges) - 1:
+            w += embed + dspark
+        w /= tp
+        reserved = RESERVED_GIB * GIB
+        if any(x >= 20 for x in layers):
+            reserved += (
+                PREFILL_CHUNK_REQUESTS
+                * (topo.max_model_len + 128 + topo.max_num_batched_tokens)
+                * 512
+                * 2
+            )
+        mirrored = {
+            s
+            for s in mt.KV_SOURCES
+            for g in mt.SHARING_GROUPS
+            if g.source == s and s < layers.start <= g.last
+        }
+        per_token = kv_bytes_per_token(f, layers, mirrored)
+        budget = topo.gpu_memory_utilization * mem * GIB - w - reserved
+        tokens = int(max(budget, 0) // per_token) if per_token else 0
+        stages.append(
+            StagePlan(
+                i,
+                f"{layers.start}-{layers.stop - 1}",
+                tp,
+                w / GIB,
+                reserved / GIB,
+                budget / GIB,
+                per_token,
+                tokens,
+            )
+        )
+    kv_tokens = min(s.kv_tokens for s in stages)
+    host = f["checkpoint_gib_reported"]["engram"] + 16 if topo.engram_cpu_offload else 16
+    notes = [
+        "estimates: weights from layer shapes and dtypes, reserved memory a fixed "
+        f"{RESERVED_GIB:g} GiB per GPU plus the prefill gather workspace; vLLM measures "
+        "both at start, so its figure will differ by a few percent",
+        "the tightest stage bounds the pool: vLLM uses one block count for all stages",
+    ]
+    if topo.name == "tp2-pp3" and gpu == "GA100-64GB":
+        notes.append(
+            f"the original reported {ORIGINAL_TP2_PP3_TOKENS:,} KV tokens here; this plan "
+            f"gives {kv_tokens:,} at gpu_memory_utilization {topo.gpu_memory_utilization:g}. "
+            "Its utilization and reserved memory are not stated; the KV budget per GPU is "
+            "a few GiB, so a 1 GiB difference in either moves the result by about a million "
+            "tokens"
+        )
+    fits = all(s.kv_budget_gib > 0 for s in stages) and kv_tokens >= topo.max_model_len
+    return Plan(topo.name, gpu, mem, stages, kv_tokens, kv_tokens / 1_048_576, host, fits, notes)
+
+
+def format_plan(p: Plan) -> str:
+    lines = [
+        f"{p.topology} on {p.gpu} ({p.gpu_memory_gib} GiB each)",
+        f"{'stage':>5} {'layers':>7} {'TP':>3} {'weights':>9} {'reserved':>9} "
+        f"{'KV budget':>10} {'B/token':>8} {'KV tokens':>11}",
+    ]
+    for s in p.stages:
+        lines.append(
+            f"{s.stage:>5} {s.layers:>7} {s.tensor_parallel:>3} {s.weights_gib:>8.1f}G "
+            f"{s.reserved_gib:>8.1f}G {s.kv_budget_gib:>9.1f}G {s.kv_bytes_per_token:>8.0f} "
+            f"{s.kv_tokens:>11,}"
+        )
+    lines.append(
+        f"KV pool: {p.kv_tokens:,} tokens = {p.contexts_1m:.2f} contexts of 1M; "
+        f"host RAM needed ~{p.host_ram_gib:.0f} GiB; {'fits' if p.fits else 'DOES NOT FIT'}"
+    )
+    lines += [f"note: {n}" for n in p.notes]
+    return "\n".join(lines)
+
+
+def as_dict(p: Plan) -> dict:
+    return asdict(p)
+
+
+def shipped_topologies() -> list[Path]:
+    return sorted((CONFIG_DIR / "topologies").glob("*.yaml"))

@@ -1,0 +1,64 @@
+"""deepinfer plan: per-stage weights, KV bytes per token, the tightest-stage pool."""
+
+import json
+
+import pytest
+
+from deepinfer_sm80.deploy import cli, planner
+from deepinfer_sm80.deploy.topology import load, validate
+
+GIB = 2**30
+
+
+def test_layer_weights_follow_the_shapes_and_the_checkpoint_size():
+    f = planner.model_facts()
+    expert = 3 * 5120 * 2304
+    want = 384 * expert * 0.53125 + expert * 1.03125 + f["attention_params_per_layer"] * 1.03125
+    assert planner.layer_weight_bytes(f) == pytest.approx(want)
+    backbone = 40 * planner.layer_weight_bytes(f) / GIB
+    # Within 5% of the third-party 284 GiB backbone figure (embeddings, DSpark aside).
+    assert abs(backbone - 284) / 284 < 0.05
+
+
+def test_kv_bytes_per_token_per_stage():
+    f = planner.model_facts()
+    both = planner.kv_bytes_per_token(f, range(0, 40), set())
+    assert both == pytest.approx(3 * (584 + 132) / 2 + (584 + 132))  # ~1.75 KiB/token
+    stages = planner.plan(load("tp2-pp3")[0]).stages
+    # 0-13 holds L2 and L8 (ratio 2); 14-27 holds L14 and L20; 28-39 mirrors L20.
+    assert [s.kv_bytes_per_token for s in stages] == [716, 1074, 716]
+
+
+def test_pool_is_the_tightest_stage_and_compares_with_the_original():
+    p = planner.plan(load("tp2-pp3")[0])
+    assert p.kv_tokens == min(s.kv_tokens for s in p.stages) > 1_048_576
+    assert any("4,648,480" in n for n in p.notes)
+    tp8 = planner.plan(load("tp8")[0])
+    (s,) = tp8.stages
+    assert s.kv_tokens == int(s.kv_budget_gib * GIB // s.kv_bytes_per_token)
+
+
+def test_more_memory_more_tokens_and_unknown_gpu():
+    topo = load("tp8")[0]
+    assert planner.plan(topo, "A100-40GB").kv_tokens < planner.plan(topo, "A100-80GB").kv_tokens
+    with pytest.raises(ValueError, match="--gpu: unknown GPU 'H100'"):
+        planner.plan(topo, "H100")
+
+
+def test_a_topology_that_does_not_fit_is_refused_with_numbers(tmp_path):
+    f = tmp_path / "small.yaml"
+    f.write_text("name: small\ngpus: {count: 8, kind: A100-40GB}\nparallel: {tensor_parallel: 8}\n")
+    v = validate(*load(str(f)))
+    (err,) = v.errors
+    assert "does not fit 8 x A100-40GB" in err and "GiB of weights" in err
+    assert "raise gpu_memory_utilization" in err
+
+
+def test_cli_plan_all_ranks(capsys):
+    assert cli.main(["plan", "--all", "--gpu", "A100-80GB"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    tokens = [int(line.split(":")[1].split("KV")[0].replace(",", "")) for line in lines]
+    assert tokens == sorted(tokens, reverse=True) and len(lines) == 5
+    assert cli.main(["plan", "tp8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["topology"] == "tp8" and data["fits"] and data["stages"][0]["tensor_parallel"] == 8

@@ -241,3 +241,16 @@ def test_rendered_flags_exist_in_vllm():
         missing = [f for f in flags if f not in fields]
         assert not missing, f"flags vLLM 0.33.0 does not know: {missing}"
     assert Path(vllm_args.__file__).exists()
+
+
+def test_deploy_imports_neither_torch_nor_vllm():
+    """deploy/ must run on any host: importing the CLI pulls in no torch or vLLM."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, deepinfer_sm80.deploy.cli; "
+        "print(sorted(m for m in ('torch', 'vllm', 'triton') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -61,6 +61,31 @@ def _row_pointers(cache_ptr, page_stride, slot, BLOCK_SIZE: tl.constexpr):
     return p_page + within * 576, p_page + BLOCK_SIZE * 576 + within * 8
 
 
+@triton.jit
+def _token_rows(
+    i_t,
+    main_len_ptr,
+    extra_len_ptr,
+    MAIN_WIDTH: tl.constexpr,
+    EXTRA_WIDTH: tl.constexpr,
+    HAS_LEN: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    ROWS_PER_SPLIT: tl.constexpr,
+):
+    """A token's selected rows per cache and its split count -- the one place both the
+    attention and the reduction kernel read them from, so they always agree. Lengths are
+    kept within the index widths: a longer length would read past the index row."""
+    if HAS_LEN:
+        main_len = tl.minimum(tl.maximum(tl.load(main_len_ptr + i_t), 0), MAIN_WIDTH)
+    else:
+        main_len = MAIN_WIDTH
+    extra_len = 0
+    if HAS_EXTRA:
+        extra_len = tl.minimum(tl.maximum(tl.load(extra_len_ptr + i_t), 0), EXTRA_WIDTH)
+    n_splits = tl.maximum(tl.cdiv(main_len + extra_len, ROWS_PER_SPLIT), 1)
+    return main_len, extra_len, n_splits
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def sparse_mla_fwd_kernel(
     q_ptr,
@@ -108,15 +133,17 @@ def sparse_mla_fwd_kernel(
     i_hb = tl.program_id(1)
     i_s = tl.program_id(2)
 
-    if HAS_LEN:
-        main_len = tl.minimum(tl.maximum(tl.load(main_len_ptr + i_t), 0), MAIN_WIDTH)
-    else:
-        main_len = MAIN_WIDTH
-    extra_len = 0
-    if HAS_EXTRA:
-        extra_len = tl.minimum(tl.maximum(tl.load(extra_len_ptr + i_t), 0), EXTRA_WIDTH)
+    main_len, extra_len, n_splits = _token_rows(
+        i_t,
+        main_len_ptr,
+        extra_len_ptr,
+        MAIN_WIDTH,
+        EXTRA_WIDTH,
+        HAS_LEN,
+        HAS_EXTRA,
+        ROWS_PER_SPLIT,
+    )
     total = main_len + extra_len
-    n_splits = tl.maximum(tl.cdiv(total, ROWS_PER_SPLIT), 1)
     if i_s >= n_splits:
         return
 
@@ -274,14 +301,16 @@ def sparse_mla_reduce_kernel(
     """Merge a token's split partials in split order (a fixed fold: deterministic)."""
     i_t = tl.program_id(0).to(tl.int64)
     i_hb = tl.program_id(1)
-    if HAS_LEN:
-        main_len = tl.minimum(tl.maximum(tl.load(main_len_ptr + i_t), 0), MAIN_WIDTH)
-    else:
-        main_len = MAIN_WIDTH
-    extra_len = 0
-    if HAS_EXTRA:
-        extra_len = tl.minimum(tl.maximum(tl.load(extra_len_ptr + i_t), 0), EXTRA_WIDTH)
-    n_splits = tl.maximum(tl.cdiv(main_len + extra_len, ROWS_PER_SPLIT), 1)
+    _, _, n_splits = _token_rows(
+        i_t,
+        main_len_ptr,
+        extra_len_ptr,
+        MAIN_WIDTH,
+        EXTRA_WIDTH,
+        HAS_LEN,
+        HAS_EXTRA,
+        ROWS_PER_SPLIT,
+    )
     if n_splits > 1:
         o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
         m_h = o_h < num_heads

@@ -52,5 +52,17 @@ def test_host_ram_shm_and_weights(tmp_path):
     assert checks["host-ram"].ok and checks["weights"].ok and "disk" not in checks
 
 
-def test_patches_status():
-    assert not doctor.check_patches(None).ok
+def test_patches_status(tmp_path, capsys):
+    from deepinfer_sm80.deploy import cli
+
+    missing = doctor.check_patches(tmp_path / "none.json")
+    assert not missing.ok and "has not loaded" in missing.detail
+    status = tmp_path / "plugin-status.json"
+    status.write_text(
+        '{"active": true, "reason": "SM8x GPUs [[8, 0]]", '
+        '"patches": {"kv-gather": "applied: 4 sites", "x": "skipped: y"}}'
+    )
+    check = doctor.check_patches(status)
+    assert check.ok and "applied: kv-gather" in check.detail
+    assert cli.main(["doctor", "--patches"]) == 0
+    assert "kv-gather" in capsys.readouterr().out

@@ -110,14 +110,18 @@ def cmd_weights(args) -> int:
 
 
 def cmd_doctor(args) -> int:
+    if args.patches:
+        from deepinfer_sm80.vllm_plugin.ledger import format_ledger
+
+        print(format_ledger())
+        return 0
     needed = None
     if args.topology:
         topo, _ = load(args.topology)
         needed = topo.gpus.count
     checks = doctor.check_gpus(doctor._nvidia_smi(), needed)
     checks += doctor.check_host(weights_dir=Path(args.weights) if args.weights else None)
-    status = os.environ.get("DEEPINFER_STATUS_FILE")
-    checks.append(doctor.check_patches(Path(status) if status else None))
+    checks.append(doctor.check_patches())
     if args.json:
         print(json.dumps([c.__dict__ for c in checks], indent=1))
     else:
@@ -203,10 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--topology", help="check the GPU count against this topology")
     p.add_argument("--weights", help="checkpoint folder to verify")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--patches", action="store_true", help="print the patch ledger and exit")
     p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("schema", help="print the topology JSON schema")
     p.set_defaults(func=cmd_schema)
     args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except BrokenPipeError:  # `deepinfer ... | head`: the reader left, nothing to report
+        return 0
+
+
+def _run(parser, args) -> int:
     if args.command == "weights" and args.action == "verify" and not args.path:
         parser.error("weights verify needs the checkpoint folder")
     try:

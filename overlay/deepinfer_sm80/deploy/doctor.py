@@ -166,12 +166,36 @@ def check_host(
     return checks
 
 
-def check_patches(status_file: Path | None) -> Check:
-    if status_file is not None and status_file.exists():
-        return Check("patches", True, f"plugin status at {status_file}")
+def default_status_file() -> Path:
+    """Where the plugin writes its status (vllm_plugin/apply.py uses the same rule)."""
+    import tempfile
+
+    run_dir = os.environ.get("DEEPINFER_RUNTIME_DIR") or Path(tempfile.gettempdir()) / "deepinfer"
+    return Path(run_dir) / "plugin-status.json"
+
+
+def check_patches(status_file: Path | None = None) -> Check:
+    import json
+
+    status_file = status_file or default_status_file()
+    if not status_file.exists():
+        return Check(
+            "patches",
+            False,
+            f"no plugin status at {status_file}: vLLM has not "
+            "loaded the overlay's plugin on this host yet",
+            "start the server (the plugin writes it); `deepinfer doctor --patches` "
+            "shows the ledger",
+        )
+    status = json.loads(status_file.read_text())
+    applied = [n for n, s in status.get("patches", {}).items() if s.startswith("applied")]
+    detail = (
+        f"plugin {'active' if status.get('active') else 'inactive'} "
+        f"({status.get('reason')}); applied: {', '.join(applied) or 'none'}"
+    )
     return Check(
         "patches",
-        False,
-        "no plugin status file: the vLLM plugin has not run here",
-        "the plugin (patch ledger) is not part of this overlay yet",
+        bool(status.get("active")),
+        detail,
+        "" if status.get("active") else "see the reason; DEEPINFER_FORCE=1 forces it",
     )

@@ -1,0 +1,45 @@
+"""vLLM general plugin: switch DeepSeek-V4.1 onto the Ampere kernels on SM8x.
+
+``register()`` runs in every vLLM process (API server, engine core, workers) through the
+``vllm.general_plugins`` entry point, before the model is built. It is idempotent and
+cheap when inactive, and it never initializes CUDA: the compute capability is read
+through NVML.
+
+Environment:
+- ``DEEPINFER_FORCE=1``: activate on any GPU (or none), to exercise the Ampere paths.
+- ``DEEPINFER_DISABLE=1``: never activate.
+- ``DEEPINFER_PATCHES=a,b``: apply only these ledger entries (names in ``ledger.py``).
+- ``DEEPINFER_ALLOW_VLLM_VERSION=1``: accept a vLLM version the ledger was not verified on.
+- ``DEEPINFER_RUNTIME_DIR``: where the status JSON goes (default: $TMPDIR/deepinfer).
+
+Not in this plugin yet: the Ampere attention class (sparse MLA instead of FlashMLA),
+mHC, YOCO metadata reuse and the pipeline relay; without them vLLM 0.33.0 still cannot
+serve DeepSeek-V4.1 on Ampere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from deepinfer_sm80.vllm_plugin.apply import PluginError, activate
+
+logger = logging.getLogger("deepinfer_sm80")
+
+_state: dict[str, object] = {"done": False, "result": None}
+
+
+def register() -> None:
+    """vLLM calls this in every process; the second call in a process does nothing."""
+    if _state["done"]:
+        return
+    _state["done"] = True
+    try:
+        _state["result"] = activate(os.environ)
+    except PluginError as exc:
+        # A refusal must stop the server with the reason, not leave vLLM half-patched.
+        logger.error("deepinfer-sm80: %s", exc)
+        raise
+
+
+__all__ = ["register"]

@@ -1,0 +1,149 @@
+"""Gates, resolution and application of the ledger (the part that imports vLLM)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from deepinfer_sm80.vllm_plugin.ledger import LEDGER, VERIFIED_VLLM, LedgerEntry, format_ledger
+
+logger = logging.getLogger("deepinfer_sm80")
+
+
+class PluginError(RuntimeError):
+    """Activation refused; nothing was patched."""
+
+
+def nvml_capabilities() -> list[tuple[int, int]]:
+    """Compute capability of every visible GPU via NVML (no CUDA context); [] if none."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 -- no driver / no GPU: NVML raises its own types
+        return []
+    try:
+        return [
+            pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _resolve(path: str):
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 -- any import failure means "not resolvable"
+        raise PluginError(f"cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+    if not hasattr(module, attr):
+        raise PluginError(f"{module_name} has no attribute {attr!r}")
+    return module, attr, getattr(module, attr)
+
+
+def _params(fn) -> list[tuple[str, object]]:
+    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def plan_patches(entries: list[LedgerEntry]) -> list[tuple[LedgerEntry, list, object]]:
+    """Resolve every target and replacement and check signatures -- before patching
+    anything, so a mismatch leaves vLLM untouched."""
+    planned = []
+    for e in entries:
+        _, _, replacement = _resolve(e.replacement)
+        sites = []
+        for target in e.targets:
+            try:
+                module, attr, original = _resolve(target)
+            except PluginError as exc:
+                raise PluginError(
+                    f"ledger entry {e.name!r}: {exc}; the entry was verified on vLLM {e.verified}"
+                ) from None
+            if original is not replacement and _params(original) != _params(replacement):
+                raise PluginError(
+                    f"ledger entry {e.name!r}: {target} has signature "
+                    f"{inspect.signature(original)}, ours is "
+                    f"{inspect.signature(replacement)}; verified on vLLM {e.verified}"
+                )
+            sites.append((module, attr))
+        planned.append((e, sites, replacement))
+    return planned
+
+
+def selected_entries(env: Mapping[str, str]) -> tuple[list[LedgerEntry], dict[str, str]]:
+    wanted = env.get("DEEPINFER_PATCHES", "").strip()
+    if not wanted:
+        return list(LEDGER), {}
+    names = {n.strip() for n in wanted.split(",") if n.strip()}
+    unknown = names - {e.name for e in LEDGER}
+    if unknown:
+        raise PluginError(
+            f"DEEPINFER_PATCHES names unknown patches {sorted(unknown)}; known: "
+            f"{[e.name for e in LEDGER]}"
+        )
+    skipped = {e.name: "skipped: not in DEEPINFER_PATCHES" for e in LEDGER if e.name not in names}
+    return [e for e in LEDGER if e.name in names], skipped
+
+
+def activate(env: Mapping[str, str], capabilities: list[tuple[int, int]] | None = None) -> dict:
+    """Decide, patch, log one table and write the status file. Returns the status."""
+    statuses: dict[str, str] = {}
+    if env.get("DEEPINFER_DISABLE") == "1":
+        return _finish(
+            env, False, "DEEPINFER_DISABLE=1", {e.name: "skipped: disabled" for e in LEDGER}
+        )
+    forced = env.get("DEEPINFER_FORCE") == "1"
+    caps = nvml_capabilities() if capabilities is None else capabilities
+    ampere = bool(caps) and all(major == 8 for major, _ in caps)
+    if not (ampere or forced):
+        why = f"GPUs {caps or 'none'} are not SM8x (set DEEPINFER_FORCE=1 to force)"
+        return _finish(env, False, why, {e.name: "skipped: inactive" for e in LEDGER})
+    import vllm
+
+    version = vllm.__version__
+    if not version.startswith(VERIFIED_VLLM) and env.get("DEEPINFER_ALLOW_VLLM_VERSION") != "1":
+        raise PluginError(
+            f"vLLM {version} is installed; the patch ledger was verified on vLLM {VERIFIED_VLLM}. "
+            f"Install vllm=={VERIFIED_VLLM}, or set DEEPINFER_ALLOW_VLLM_VERSION=1 to try anyway"
+        )
+    entries, statuses = selected_entries(env)
+    for e, sites, replacement in plan_patches(entries):
+        for module, attr in sites:
+            setattr(module, attr, replacement)
+        statuses[e.name] = f"applied: {len(sites)} sites"
+    reason = "forced (DEEPINFER_FORCE=1)" if forced and not ampere else f"SM8x GPUs {caps}"
+    return _finish(env, True, reason, statuses)
+
+
+def _finish(env: Mapping[str, str], active: bool, reason: str, statuses: dict[str, str]) -> dict:
+    status = {
+        "active": active,
+        "reason": reason,
+        "verified_vllm": VERIFIED_VLLM,
+        "pid": os.getpid(),
+        "time": time.time(),
+        "patches": statuses,
+    }
+    logger.info(
+        "deepinfer-sm80 plugin %s (%s)\n%s",
+        "active" if active else "inactive",
+        reason,
+        format_ledger(statuses),
+    )
+    run_dir = Path(env.get("DEEPINFER_RUNTIME_DIR") or Path(tempfile.gettempdir()) / "deepinfer")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "plugin-status.json").write_text(json.dumps(status, indent=1) + "\n")
+    except OSError as exc:
+        logger.warning("deepinfer-sm80: cannot write the status file in %s: %s", run_dir, exc)
+    return status

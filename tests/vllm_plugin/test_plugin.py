@@ -1,0 +1,169 @@
+"""The vLLM plugin against the real vLLM 0.33.0 (CPU): discovery, gates, the ledger's
+targets and signatures, idempotence, refusals that patch nothing.
+
+Runs with CUDA_VISIBLE_DEVICES= (set, empty; see tests/conftest.py). What cannot run
+here: activation decided by a real SM8x GPU (NVML finds none on CPU, so these tests
+force activation or pass the capability in), and the patched functions serving a model.
+"""
+
+import dataclasses
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from deepinfer_sm80.vllm_plugin import apply, ledger
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm")
+
+
+def _target(path):
+    module_name, _, attr = path.partition(":")
+    return importlib.import_module(module_name), attr
+
+
+@pytest.fixture
+def restore_vllm():
+    """Put every ledger target back after the test (activation mutates vLLM modules)."""
+    saved = []
+    for entry in ledger.LEDGER:
+        for path in entry.targets:
+            module, attr = _target(path)
+            saved.append((module, attr, getattr(module, attr)))
+    yield
+    for module, attr, value in saved:
+        setattr(module, attr, value)
+
+
+def _ours(entry):
+    return _target(entry.replacement)[0].__dict__[entry.replacement.partition(":")[2]]
+
+
+def test_entry_point_is_discoverable_and_vllm_loads_it(tmp_path):
+    from importlib.metadata import entry_points
+
+    values = [e.value for e in entry_points(group="vllm.general_plugins")]
+    assert "deepinfer_sm80.vllm_plugin:register" in values
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "DEEPINFER_FORCE": "1",
+        "DEEPINFER_RUNTIME_DIR": str(tmp_path),
+    }
+    code = (
+        "from vllm.plugins import load_general_plugins; load_general_plugins(); "
+        "import vllm.models.deepseek_v41.nvidia.flashmla as f, deepinfer_sm80.ops.kv_cache as k; "
+        "print(f.dequantize_and_gather_k_cache is k.dequantize_and_gather_k_cache)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "True"
+    status = json.loads((tmp_path / "plugin-status.json").read_text())
+    assert status["active"] and status["patches"]["kv-gather"] == "applied: 4 sites"
+
+
+def test_forced_activation_patches_every_target_with_the_same_signature(restore_vllm, tmp_path):
+    status = apply.activate(
+        {"DEEPINFER_FORCE": "1", "DEEPINFER_RUNTIME_DIR": str(tmp_path)}, capabilities=[]
+    )
+    assert status["active"]
+    for entry in ledger.LEDGER:
+        ours = _ours(entry)
+        for path in entry.targets:
+            module, attr = _target(path)
+            assert getattr(module, attr) is ours, path
+        assert status["patches"][entry.name] == f"applied: {len(entry.targets)} sites"
+    # Idempotent: a second activation finds everything already ours and changes nothing.
+    again = apply.activate(
+        {"DEEPINFER_FORCE": "1", "DEEPINFER_RUNTIME_DIR": str(tmp_path)}, capabilities=[]
+    )
+    assert again["patches"] == status["patches"]
+
+
+def test_signatures_match_before_patching(restore_vllm):
+    for _entry, sites, replacement in apply.plan_patches(list(ledger.LEDGER)):
+        for module, attr in sites:
+            original = getattr(module, attr)
+            assert (
+                inspect.signature(original).parameters.keys()
+                == inspect.signature(replacement).parameters.keys()
+            )
+
+
+@pytest.mark.parametrize(
+    "env,caps,active",
+    [
+        ({}, [(8, 0), (8, 6)], True),
+        ({}, [(9, 0)], False),
+        ({}, [], False),
+        ({"DEEPINFER_FORCE": "1"}, [(9, 0)], True),
+        ({"DEEPINFER_DISABLE": "1"}, [(8, 0)], False),
+    ],
+)
+def test_gates(restore_vllm, tmp_path, env, caps, active):
+    gather_site, attr = _target(ledger.LEDGER[0].targets[2])
+    before = getattr(gather_site, attr)
+    status = apply.activate({**env, "DEEPINFER_RUNTIME_DIR": str(tmp_path)}, capabilities=caps)
+    assert status["active"] is active
+    assert (getattr(gather_site, attr) is not before) is active
+
+
+def test_selection_applies_a_subset(restore_vllm, tmp_path):
+    status = apply.activate(
+        {
+            "DEEPINFER_FORCE": "1",
+            "DEEPINFER_PATCHES": "kv-gather",
+            "DEEPINFER_RUNTIME_DIR": str(tmp_path),
+        },
+        capabilities=[],
+    )
+    assert status["patches"]["kv-gather"].startswith("applied")
+    assert status["patches"]["topk-swa-combine"] == "skipped: not in DEEPINFER_PATCHES"
+    with pytest.raises(apply.PluginError, match="unknown patches \\['nope'\\]"):
+        apply.activate({"DEEPINFER_FORCE": "1", "DEEPINFER_PATCHES": "nope"}, capabilities=[])
+
+
+def test_unverified_vllm_version_is_refused(restore_vllm, monkeypatch, tmp_path):
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    env = {"DEEPINFER_FORCE": "1", "DEEPINFER_RUNTIME_DIR": str(tmp_path)}
+    with pytest.raises(apply.PluginError, match=r"on vLLM 0\.33\.0\. Install vllm==0\.33\.0"):
+        apply.activate(env, capabilities=[])
+    assert apply.activate({**env, "DEEPINFER_ALLOW_VLLM_VERSION": "1"}, capabilities=[])["active"]
+
+
+def test_missing_target_patches_nothing(restore_vllm, monkeypatch, tmp_path):
+    broken = dataclasses.replace(
+        ledger.LEDGER[-1],
+        targets=(
+            *ledger.LEDGER[-1].targets,
+            "vllm.models.deepseek_v41.common.ops:no_such_function",
+        ),
+    )
+    monkeypatch.setattr(apply, "LEDGER", (*ledger.LEDGER[:-1], broken))
+    site, attr = _target(ledger.LEDGER[0].targets[0])
+    before = getattr(site, attr)
+    with pytest.raises(apply.PluginError, match=r"no attribute 'no_such_function'.*vLLM 0\.33\.0"):
+        apply.activate(
+            {"DEEPINFER_FORCE": "1", "DEEPINFER_RUNTIME_DIR": str(tmp_path)}, capabilities=[]
+        )
+    assert getattr(site, attr) is before  # the first entry was not applied either
+
+
+def test_ledger_prints_without_vllm():
+    code = (
+        "import sys; from deepinfer_sm80.vllm_plugin.ledger import format_ledger; "
+        "print(format_ledger()); print('vllm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("False") and "kv-gather" in out.stdout

@@ -26,6 +26,7 @@ help:
 	@echo "lint      ruff"
 	@echo "test-gpu  full-size kernel tests on a CUDA GPU (PYTHON=..., installs nothing)"
 	@echo "bench     microbenchmarks on a CUDA GPU -> benchmarks/results/ (PYTHON=...)"
+	@echo "charts    PNG charts from benchmarks/results/ (PYTHON=... with matplotlib)"
 
 $(STAMP): requirements/test.txt overlay/pyproject.toml
 	@$(HOST_PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ needed, got " + sys.version' 
@@ -49,6 +50,9 @@ test-gpu:
 
 bench:
 	PYTHONPATH=overlay:. $(PYTHON) -m benchmarks.run_all
+
+charts:
+	PYTHONPATH=overlay:. $(PYTHON) -m benchmarks.generate_charts
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -62,3 +62,13 @@ def test_cli_plan_all_ranks(capsys):
     assert cli.main(["plan", "tp8", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["topology"] == "tp8" and data["fits"] and data["stages"][0]["tensor_parallel"] == 8
+
+
+def test_component_breakdown_adds_up():
+    f = planner.model_facts()
+    parts = planner.component_bytes(f)
+    layers = sum(v for k, v in parts.items() if "all layers" in k)
+    assert layers == pytest.approx(40 * planner.layer_weight_bytes(f))
+    p = planner.plan(load("tp8")[0])
+    assert p.components_gib["embedding (BF16)"] == pytest.approx(129280 * 5120 * 2 / GIB)
+    assert "weights by component" in planner.format_plan(p)

@@ -54,6 +54,35 @@ def layer_weight_bytes(f: dict, routed: int | None = None) -> float:
     )
 
 
+def component_bytes(f: dict) -> dict[str, float]:
+    """Weight bytes per component and dtype, for the table's breakdown (estimates)."""
+    b = f["bytes_per_param"]
+    expert = 3 * f["hidden_size"] * f["moe"]["moe_intermediate_size"]
+    embed = f["vocab_size"] * f["hidden_size"] * b["bf16"]
+    layers = f["num_hidden_layers"]
+    return {
+        "routed experts (MXFP4 + UE8M0), all layers": layers
+        * f["moe"]["n_routed_experts"]
+        * expert
+        * b["mxfp4"],
+        "shared experts (MXFP8 + UE8M0), all layers": layers
+        * f["n_shared_experts"]
+        * expert
+        * b["mxfp8"],
+        "attention + indexer (MXFP8 + UE8M0), all layers": layers
+        * f["attention_params_per_layer"]
+        * b["mxfp8"],
+        "embedding (BF16)": embed,
+        "LM head (BF16)": embed,
+        "DSpark layers (3)": f["dspark_layers"]
+        * layer_weight_bytes(f, f["dspark_moe"]["n_routed_experts"]),
+        "Engram tables (host memory when offloaded, reported)": f["checkpoint_gib_reported"][
+            "engram"
+        ]
+        * GIB,
+    }
+
+
 def kv_bytes_per_token(f: dict, layers: range, mirrored_sources: set[int]) -> float:
     """Compressed KV + indexer K per token for the kv sources a stage holds or mirrors."""
     ratio = {src: (2 if src < 20 else 1) for src in mt.KV_SOURCES}
@@ -85,6 +114,7 @@ class Plan:
     host_ram_gib: float
     fits: bool
     notes: list[str]
+    components_gib: dict[str, float]
 
 
 def plan(topo: Topology, gpu: str | None = None) -> Plan:
@@ -156,7 +186,10 @@ def plan(topo: Topology, gpu: str | None = None) -> Plan:
             "tokens"
         )
     fits = all(s.kv_budget_gib > 0 for s in stages) and kv_tokens >= topo.max_model_len
-    return Plan(topo.name, gpu, mem, stages, kv_tokens, kv_tokens / 1_048_576, host, fits, notes)
+    components = {k: v / GIB for k, v in component_bytes(f).items()}
+    return Plan(
+        topo.name, gpu, mem, stages, kv_tokens, kv_tokens / 1_048_576, host, fits, notes, components
+    )
 
 
 def format_plan(p: Plan) -> str:
@@ -174,6 +207,10 @@ def format_plan(p: Plan) -> str:
     lines.append(
         f"KV pool: {p.kv_tokens:,} tokens = {p.contexts_1m:.2f} contexts of 1M; "
         f"host RAM needed ~{p.host_ram_gib:.0f} GiB; {'fits' if p.fits else 'DOES NOT FIT'}"
+    )
+    lines.append(
+        "weights by component (whole model, before TP/PP): "
+        + "; ".join(f"{k} {v:.1f} GiB" for k, v in p.components_gib.items())
     )
     lines += [f"note: {n}" for n in p.notes]
     return "\n".join(lines)

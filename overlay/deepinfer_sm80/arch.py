@@ -53,7 +53,7 @@ class LaunchConfig:
 # Chosen by measurement (benchmarks/); identical on sm80 and sm86 so far.
 KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # Programs loop over tiles of ROWS records (7 x 64 e4m3 + 64 bf16 each). Picked by
-    # benchmarks/tune_kv_gather.py on an H200 (48K rows: 2,940 GB/s vs 2,685 at 4 warps);
+    # benchmarks/tune_kv_gather.py on an H200 (48K rows: 2,869 GB/s vs 2,644 at 4 warps);
     # not yet measured on an Ampere GPU.
     "kv_cache.gather": LaunchConfig(num_warps=2, num_stages=1, constexprs=(("ROWS", 8),)),
     # One program per token; 4 warps cover the 512 + 128 row in two passes.

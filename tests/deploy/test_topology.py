@@ -218,6 +218,28 @@ def test_cli_dry_run_and_refusal(capsys):
     assert cli.main(["launch", "nope"]) == 2
 
 
+def test_launch_without_gpus_stops_at_the_preflight(capsys, monkeypatch):
+    """No GPU visible: a clear message and exit 3, and vLLM is never exec'd."""
+    from deepinfer_sm80.deploy import doctor
+
+    monkeypatch.setattr(doctor, "_nvidia_smi", lambda: "nvidia-smi not usable (FileNotFoundError)")
+    monkeypatch.setattr(cli.os, "execve", lambda *a: pytest.fail("exec'd vLLM without GPUs"))
+    assert cli.main(["launch", "tp8"]) == 3
+    err = capsys.readouterr().err
+    assert "preflight gpus: nvidia-smi not usable" in err
+    assert "NVIDIA container toolkit" in err and "nothing was started" in err
+
+
+def test_launch_preflight_counts_gpus(capsys, monkeypatch):
+    from deepinfer_sm80.deploy import doctor
+
+    four = [{"name": "A100", "capability": "8.0", "memory_mib": 81920, "driver": "580.95.05"}] * 4
+    monkeypatch.setattr(doctor, "_nvidia_smi", lambda: four)
+    monkeypatch.setattr(cli.os, "execve", lambda *a: pytest.fail("exec'd with too few GPUs"))
+    assert cli.main(["launch", "tp8"]) == 3
+    assert "the topology needs 8" in capsys.readouterr().err
+
+
 def test_every_schema_field_is_documented_and_the_export_is_current():
     schema = Topology.model_json_schema()
     for defn in [schema, *schema["$defs"].values()]:
@@ -254,3 +276,16 @@ def test_deploy_imports_neither_torch_nor_vllm():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_makefile_reads_every_shipped_gpu_count():
+    """`make up` reserves GPU_COUNT read by a sed pattern from the topology file: every
+    shipped file must have that form, with the count the schema sees."""
+    import re
+
+    pattern = re.compile(r"^gpus: *\{ *count: *([0-9]*)", re.M)
+    for path in sorted((CONFIG_DIR / "topologies").glob("*.yaml")):
+        m = pattern.search(path.read_text())
+        assert m, f"{path.name}: write `gpus: {{count: N, ...}}` on one line (Makefile reads it)"
+        topo, _ = load(str(path))
+        assert int(m.group(1)) == topo.gpus.count, path.name

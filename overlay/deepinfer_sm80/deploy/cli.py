@@ -57,6 +57,18 @@ def cmd_launch(args) -> int:
     print(f"{env_txt} {shlex.join(plan.argv)}")
     if args.dry_run:
         return 0
+    if not args.skip_preflight:
+        failed = [c for c in preflight(topo) if not c.ok]
+        for c in failed:
+            fix = f" -- fix: {c.fix}" if c.fix else ""
+            print(f"error: preflight {c.name}: {c.detail}{fix}", file=sys.stderr)
+        if failed:
+            print(
+                f"error: {path}: the host cannot run this topology; nothing was started "
+                "(`deepinfer doctor --topology ...` explains; --skip-preflight starts anyway)",
+                file=sys.stderr,
+            )
+            return 3
     exe = shutil.which(plan.argv[0])
     if exe is None:
         print(
@@ -66,6 +78,14 @@ def cmd_launch(args) -> int:
         return 2
     os.execve(exe, plan.argv, {**os.environ, **plan.env})
     return 0  # not reached
+
+
+def preflight(topo: Topology) -> list[doctor.Check]:
+    """What must hold before ``vllm serve`` is worth starting: enough visible Ampere GPUs
+    and a usable /dev/shm. Without them vLLM fails minutes later with a traceback."""
+    checks = doctor.check_gpus(doctor._nvidia_smi(), topo.gpus.count)
+    checks += [c for c in doctor.check_host(engram_offload=False) if c.name == "shm"]
+    return checks
 
 
 def cmd_health(args) -> int:
@@ -175,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("launch", help="start vllm serve from a topology")
     p.add_argument("topology")
     p.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
+    p.add_argument(
+        "--skip-preflight", action="store_true", help="start even if the GPU/shm checks fail"
+    )
     p.set_defaults(func=cmd_launch)
     p = sub.add_parser("health", help="is the server live (--live) or really ready (--ready)?")
     mode = p.add_mutually_exclusive_group()

@@ -11,6 +11,8 @@ Environment:
 - ``DEEPINFER_PATCHES=a,b``: apply only these ledger entries (names in ``ledger.py``).
 - ``DEEPINFER_ALLOW_VLLM_VERSION=1``: accept a vLLM version the ledger was not verified on.
 - ``DEEPINFER_RUNTIME_DIR``: where the status JSON goes (default: $TMPDIR/deepinfer).
+- ``DEEPINFER_AOT_DIR``: ahead-of-time Triton kernels to seed the Triton cache from (the
+  image sets /opt/deepinfer/kernels; see ``deepinfer_sm80.aot``).
 
 Not in this plugin yet: the Ampere attention class (sparse MLA instead of FlashMLA),
 mHC, YOCO metadata reuse and the pipeline relay; without them vLLM 0.33.0 still cannot

@@ -122,7 +122,30 @@ def activate(env: Mapping[str, str], capabilities: list[tuple[int, int]] | None 
             setattr(module, attr, replacement)
         statuses[e.name] = f"applied: {len(sites)} sites"
     reason = "forced (DEEPINFER_FORCE=1)" if forced and not ampere else f"SM8x GPUs {caps}"
-    return _finish(env, True, reason, statuses)
+    status = _finish(env, True, reason, statuses)
+    status["aot_seeded"] = seed_aot_kernels(env)
+    return status
+
+
+def seed_aot_kernels(env: Mapping[str, str]) -> int:
+    """Copy the image's ahead-of-time Triton kernels into the writable cache (see aot.py).
+
+    A missing or unreadable AOT folder costs nothing but JIT compiles; it never stops
+    the server, so problems are logged, not raised.
+    """
+    src = env.get("DEEPINFER_AOT_DIR")
+    if not src:
+        return 0
+    from deepinfer_sm80 import aot
+
+    cache = Path(env.get("TRITON_CACHE_DIR") or aot.default_triton_cache())
+    try:
+        n = aot.seed(Path(src), cache)
+    except OSError as exc:
+        logger.warning("deepinfer-sm80: AOT kernels in %s not seeded into %s: %s", src, cache, exc)
+        return 0
+    logger.info("deepinfer-sm80: seeded %d AOT Triton kernels from %s into %s", n, src, cache)
+    return n
 
 
 def _finish(env: Mapping[str, str], active: bool, reason: str, statuses: dict[str, str]) -> dict:

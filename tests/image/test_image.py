@@ -1,0 +1,158 @@
+"""The image tier (`make test-image`): the built image, started by compose with the test
+override on a machine without GPUs, checked from outside.
+
+Needs a Docker engine and the image ``$IMAGE`` (``make test-image`` builds it first).
+A missing engine fails here rather than skipping: this tier exists to prove the image.
+What it cannot show without GPUs: that vLLM serves the model. The container's GPU path
+ends at the launcher's preflight, which is what the no-GPU checks below pin down.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.image
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("IMAGE", "deepinfer-sm80:0.33.0")
+PROJECT = "deepinfer-imagetest"
+COMPOSE = ["docker", "compose", "-p", PROJECT, "-f", "compose.yaml", "-f", "compose.test.yaml"]
+TOPOLOGIES = sorted(p.stem for p in (ROOT / "configs" / "topologies").glob("*.yaml"))
+
+
+def _run(argv, env=None, timeout=600, check=False):
+    full_env = {**os.environ, "IMAGE": IMAGE, **(env or {})}
+    out = subprocess.run(
+        argv, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and out.returncode != 0:
+        pytest.fail(f"{' '.join(argv)} -> {out.returncode}\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def _in_service(script: str, env=None):
+    """Run a shell snippet in a one-off container of the compose service (mounts included)."""
+    return _run([*COMPOSE, "run", "--rm", "--no-deps", "--entrypoint", "sh", "deepinfer", "-c",
+                 script], env=env)  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine_and_image():
+    if shutil.which("docker") is None:
+        pytest.fail("docker CLI not found: the image tier needs a Docker engine")
+    info = _run(["docker", "info", "--format", "{{.ServerVersion}}"])
+    if info.returncode != 0:
+        pytest.fail(f"no Docker engine answers: {info.stderr.strip()}")
+    if _run(["docker", "image", "inspect", IMAGE]).returncode != 0:
+        pytest.fail(f"image {IMAGE} not built: run `make image`")
+    yield
+    _run([*COMPOSE, "down", "--volumes", "--remove-orphans"])
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_compose_config_validates_for_every_topology(topology):
+    gpus = _run(["make", "-s", "--no-print-directory", "-f", "Makefile", "print-gpu-count",
+                 f"TOPOLOGY={topology}"], check=True).stdout.strip()  # fmt: skip
+    out = _run(["docker", "compose", "-f", "compose.yaml", "config", "--format", "json"],
+               env={"TOPOLOGY": topology, "GPU_COUNT": gpus}, check=True)  # fmt: skip
+    svc = json.loads(out.stdout)["services"]["deepinfer"]
+    assert svc["command"] == [topology]
+    device = svc["deploy"]["resources"]["reservations"]["devices"][0]
+    assert int(device["count"]) == int(gpus) > 0
+    mounts = {v["target"]: v for v in svc["volumes"]}
+    assert mounts["/opt/deepinfer/overlay"]["read_only"] is True
+    assert mounts["/opt/deepinfer/configs"]["read_only"] is True
+    assert svc["ports"][0]["host_ip"] == "127.0.0.1"
+    assert svc["healthcheck"]["start_period"] in ("1h30m0s", "90m")
+
+
+def test_overlay_mount_is_read_only_and_is_what_runs():
+    out = _in_service(
+        "touch /opt/deepinfer/overlay/probe 2>&1; echo rc=$?; "
+        "python -c 'import deepinfer_sm80, sys; print(deepinfer_sm80.__file__)'"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Read-only file system" in out.stdout and "rc=1" in out.stdout
+    assert "/opt/deepinfer/overlay/deepinfer_sm80/__init__.py" in out.stdout
+
+
+def test_deepinfer_and_vllm_in_the_image():
+    out = _in_service(
+        "deepinfer --help >/dev/null && echo deepinfer-ok; "
+        "python -c 'import vllm, torch, triton, tilelang; "
+        "print(vllm.__version__, torch.__version__, triton.__version__, tilelang.__version__)'; "
+        "id -un"
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    assert "deepinfer-ok" in lines
+    assert "0.33.0" in lines and "3.8.0" in lines and "0.1.12" in lines
+    assert any(x.startswith("2.14.0") for x in lines)
+    assert lines[-1] == "deepinfer", "the server must not run as root"
+
+
+def test_vllm_plugin_loader_finds_and_calls_our_plugin():
+    out = _in_service(
+        "python - <<'PY'\n"
+        "from importlib.metadata import entry_points\n"
+        "names = [e.value for e in entry_points(group='vllm.general_plugins')]\n"
+        "print('entry', 'deepinfer_sm80.vllm_plugin:register' in names)\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "import json, pathlib\n"
+        "s = json.loads(pathlib.Path('/run/deepinfer/plugin-status.json').read_text())\n"
+        "print('status', s['active'], s['reason'])\n"
+        "PY"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "entry True" in out.stdout
+    # No GPU here: the plugin loads, decides it is inactive, and says why.
+    assert "status False" in out.stdout and "not SM8x" in out.stdout
+
+
+def test_aot_kernels_are_in_the_image():
+    out = _in_service("cat $DEEPINFER_AOT_DIR/manifest.json")
+    assert out.returncode == 0, out.stderr
+    manifest = json.loads(out.stdout)
+    assert manifest["arches"] == ["sm_80", "sm_86"]
+    assert manifest["kernels"] and all(k["error"] is None for k in manifest["kernels"])
+    assert manifest["entries"]
+
+
+def test_launcher_renders_or_refuses_in_the_image():
+    out = _in_service("deepinfer launch tp8 --dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "vllm serve deepseek-ai/DeepSeek-V4.1-Flash" in out.stdout
+    out = _in_service("deepinfer launch tp2-pp3 --dry-run; echo rc=$?")
+    assert "rc=2" in out.stdout and "refused before launch" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("topology", "code", "message"),
+    [
+        # Launchable topology, no GPUs: the preflight stops it with the fix.
+        ("tp8", 3, "preflight gpus"),
+        # The default topology needs the pipeline relay, not built yet: refused up front.
+        ("tp2-pp3", 2, "refused before launch"),
+    ],
+)
+def test_service_without_gpus_exits_with_a_clear_message(topology, code, message):
+    env = {"TOPOLOGY": topology, "GPU_COUNT": "1"}
+    up = _run([*COMPOSE, "up", "--no-build", "--abort-on-container-exit",
+               "--exit-code-from", "deepinfer"], env=env, timeout=300)  # fmt: skip
+    logs = up.stdout + up.stderr
+    assert up.returncode == code, logs
+    assert message in logs
+    assert "Traceback" not in logs
+    _run([*COMPOSE, "down", "--volumes"], env=env)
+
+
+def test_healthcheck_fails_cleanly_without_a_server():
+    out = _in_service("deepinfer-healthcheck; echo rc=$?")
+    assert "rc=0" not in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr

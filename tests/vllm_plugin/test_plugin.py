@@ -167,3 +167,18 @@ def test_ledger_prints_without_vllm():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False") and "kv-gather" in out.stdout
+
+
+def test_aot_seeding_is_optional_and_never_raises(tmp_path):
+    from deepinfer_sm80.vllm_plugin.apply import seed_aot_kernels
+
+    assert seed_aot_kernels({}) == 0
+    src = tmp_path / "kernels" / "triton" / "entry"
+    src.mkdir(parents=True)
+    (src / "k.cubin").write_bytes(b"x")
+    cache = tmp_path / "cache"
+    env = {"DEEPINFER_AOT_DIR": str(tmp_path / "kernels"), "TRITON_CACHE_DIR": str(cache)}
+    assert seed_aot_kernels(env) == 1 and (cache / "entry" / "k.cubin").exists()
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    assert seed_aot_kernels({**env, "TRITON_CACHE_DIR": str(blocked)}) == 0

@@ -33,7 +33,7 @@ GPU_COUNT ?= $(shell sed -n 's/^gpus: *{ *count: *\([0-9]*\).*/\1/p' configs/top
 COMPOSE ?= docker compose
 export IMAGE TOPOLOGY GPU_COUNT
 
-.PHONY: help setup test test-image lint image wheelhouse base-image up down logs health plan \
+.PHONY: help setup test test-image lint image wheelhouse base-image up down logs monitoring health plan \
 	weights bench charts test-gpu clean
 
 help:
@@ -47,6 +47,7 @@ help:
 	@echo "up          start the server for TOPOLOGY=$(TOPOLOGY) ($(GPU_COUNT) GPUs) in the background"
 	@echo "down        stop it"
 	@echo "logs        follow its logs"
+	@echo "monitoring  Prometheus + Grafana (compose profile observability): dashboards and alerts"
 	@echo "health      end-to-end readiness check (models list + one completion)"
 	@echo "plan        memory and KV capacity of TOPOLOGY per stage (GPU=A100-80GB to change GPU)"
 	@echo "weights     download the checkpoint into the Hugging Face cache"
@@ -86,7 +87,11 @@ up:
 	@echo "starting $(TOPOLOGY) on $(GPU_COUNT) GPUs; first start takes long: make logs, make health"
 
 down:
-	$(COMPOSE) down
+	$(COMPOSE) --profile observability down
+
+monitoring:
+	$(COMPOSE) --profile observability up -d prometheus grafana
+	@echo "Grafana on http://127.0.0.1:3000 (dashboard DeepInfer-SM80), Prometheus on :9090"
 
 logs:
 	$(COMPOSE) logs -f

@@ -41,7 +41,7 @@ def _parse_arches(text: str) -> list[int]:
             )
         ccs.append(int(major) * 10 + int(minor))
     if not ccs:
-        raise ValueError("--arches: empty; use \"8.0 8.6\"")
+        raise ValueError('--arches: empty; use "8.0 8.6"')
     return ccs
 
 

@@ -70,6 +70,19 @@ def test_compose_config_validates_for_every_topology(topology):
     assert svc["healthcheck"]["start_period"] in ("1h30m0s", "90m")
 
 
+def test_compose_config_validates_with_the_observability_profile():
+    out = _run(["docker", "compose", "-f", "compose.yaml", "--profile", "observability",
+                "config", "--format", "json"], check=True)  # fmt: skip
+    services = json.loads(out.stdout)["services"]
+    assert {"deepinfer", "prometheus", "grafana"} <= services.keys()
+    for name in ("prometheus", "grafana"):
+        ports = services[name]["ports"]
+        assert all(p["host_ip"] == "127.0.0.1" for p in ports), f"{name} not on loopback"
+        for v in services[name]["volumes"]:
+            if v["type"] == "bind":
+                assert v["read_only"] is True and Path(v["source"]).exists(), v
+
+
 def test_overlay_mount_is_read_only_and_is_what_runs():
     out = _in_service(
         "touch /opt/deepinfer/overlay/probe 2>&1; echo rc=$?; "

@@ -181,6 +181,14 @@ def cmd_plan(args) -> int:
     return 0 if p.fits else 1
 
 
+def cmd_observability(args) -> int:
+    from deepinfer_sm80.deploy import observability
+
+    for path in observability.render(Path(args.write)):
+        print(f"wrote {path}")
+    return 0
+
+
 def cmd_schema(args) -> int:
     print(json.dumps(Topology.model_json_schema(), indent=1))
     return 0
@@ -232,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--patches", action="store_true", help="print the patch ledger and exit")
     p.set_defaults(func=cmd_doctor)
+    p = sub.add_parser("observability", help="render the Grafana dashboard and alert rules")
+    p.add_argument("--write", required=True, metavar="DIR", help="e.g. configs/observability")
+    p.set_defaults(func=cmd_observability)
     p = sub.add_parser("schema", help="print the topology JSON schema")
     p.set_defaults(func=cmd_schema)
     args = parser.parse_args(argv)

@@ -2,12 +2,17 @@
 
 import sys
 
-from benchmarks import microbench_sm80_kernels, microbench_sm80_part3
+from benchmarks import (
+    microbench_sm80_indexer,
+    microbench_sm80_kernels,
+    microbench_sm80_part3,
+)
 from benchmarks.runner import main_for_suite
 
 SUITES = (
     (microbench_sm80_kernels.SUITE, microbench_sm80_kernels.build_registry),
     (microbench_sm80_part3.SUITE, microbench_sm80_part3.build_registry),
+    (microbench_sm80_indexer.SUITE, microbench_sm80_indexer.build_registry),
 )
 
 

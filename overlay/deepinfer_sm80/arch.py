@@ -52,6 +52,18 @@ class LaunchConfig:
 
 # Chosen by measurement (benchmarks/); identical on sm80 and sm86 so far.
 KERNEL_CONFIGS: dict[str, LaunchConfig] = {
+    # Indexer scoring (ops/indexer_logits): picked to fit sm80/sm86 (<= 48 KB, no spill),
+    # not yet by measurement. Prefill stacks query rows to 128 per program; decode uses
+    # the wide config when next_n x heads > 64.
+    "indexer_logits.prefill": LaunchConfig(
+        num_warps=8, num_stages=2, constexprs=(("BLOCK_N", 64), ("STACK", 128))
+    ),
+    "indexer_logits.decode": LaunchConfig(num_warps=4, num_stages=2, constexprs=(("BLOCK_N", 64),)),
+    "indexer_logits.decode_wide": LaunchConfig(
+        num_warps=8, num_stages=2, constexprs=(("BLOCK_N", 64),)
+    ),
+    # Engram lookup (ops/engram): one 256-column row per program iteration.
+    "engram.lookup": LaunchConfig(num_warps=4, num_stages=1),
     # Programs loop over tiles of ROWS records (7 x 64 e4m3 + 64 bf16 each). Picked by
     # benchmarks/tune_kv_gather.py on an H200 (48K rows: 2,869 GB/s vs 2,644 at 4 warps);
     # not yet measured on an Ampere GPU.

@@ -11,6 +11,8 @@ OP_MODULES = (
     "deepinfer_sm80.ops.kv_cache.triton_kernel",
     "deepinfer_sm80.ops.topk_swa.triton_kernel",
     "deepinfer_sm80.ops.sparse_mla.triton_kernel",
+    "deepinfer_sm80.ops.indexer_logits.triton_kernel",
+    "deepinfer_sm80.ops.engram.triton_kernel",
 )
 
 

@@ -33,7 +33,7 @@ GPU_COUNT ?= $(shell sed -n 's/^gpus: *{ *count: *\([0-9]*\).*/\1/p' configs/top
 COMPOSE ?= docker compose
 export IMAGE TOPOLOGY GPU_COUNT
 
-.PHONY: help setup test test-image lint image wheelhouse base-image up down logs monitoring health plan \
+.PHONY: help setup test test-image lint image wheelhouse base-image up up-node down logs monitoring health plan \
 	weights bench charts test-gpu clean
 
 help:
@@ -45,6 +45,7 @@ help:
 	@echo "wheelhouse  download the image's wheels to .wheelhouse/ (feeds make image WHEELHOUSE=...)"
 	@echo "base-image  the offline Debian base image, from Debian packages (debootstrap)"
 	@echo "up          start the server for TOPOLOGY=$(TOPOLOGY) ($(GPU_COUNT) GPUs) in the background"
+	@echo "up-node     multi-node: start this node's role (NODE_ENV=node1.env make up-node)"
 	@echo "down        stop it"
 	@echo "logs        follow its logs"
 	@echo "monitoring  Prometheus + Grafana (compose profile observability): dashboards and alerts"
@@ -88,6 +89,10 @@ up:
 
 down:
 	$(COMPOSE) --profile observability down
+
+up-node:
+	@test -f "$(NODE_ENV)" || { echo "NODE_ENV=path/to/nodeN.env (see configs/nodes/)"; exit 2; }
+	$(COMPOSE) -f compose.multinode.yaml --env-file $(NODE_ENV) up -d
 
 monitoring:
 	$(COMPOSE) --profile observability up -d prometheus grafana

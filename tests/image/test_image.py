@@ -83,6 +83,28 @@ def test_compose_config_validates_with_the_observability_profile():
                 assert v["read_only"] is True and Path(v["source"]).exists(), v
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_multinode_compose_config_validates_per_node(rank):
+    env_file = f"configs/nodes/node{rank}.env.example"
+    out = _run(["docker", "compose", "-f", "compose.multinode.yaml", "--env-file", env_file,
+                "config", "--format", "json"], check=True)  # fmt: skip
+    svc = json.loads(out.stdout)["services"]["deepinfer"]
+    assert svc["network_mode"] == "host" and svc["ipc"] == "host"
+    assert svc["environment"]["NODE_RANK"] == str(rank)
+    assert svc["command"] == ["tp4-pp2-2nodes"]
+    assert int(svc["deploy"]["resources"]["reservations"]["devices"][0]["count"]) == 4
+    mode = "--live" if rank == 0 else "--worker"
+    assert svc["healthcheck"]["test"][-1] == mode
+
+
+def test_router_profile_renders():
+    out = _run(["docker", "compose", "-f", "compose.yaml", "--profile", "router", "config",
+                "--format", "json"], env={"UPSTREAM_SERVERS": "server 10.0.0.1:8000;"},
+               check=True)  # fmt: skip
+    router = json.loads(out.stdout)["services"]["router"]
+    assert router["environment"]["UPSTREAM_SERVERS"] == "server 10.0.0.1:8000;"
+
+
 def test_overlay_mount_is_read_only_and_is_what_runs():
     out = _in_service(
         "touch /opt/deepinfer/overlay/probe 2>&1; echo rc=$?; "

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from deepinfer_sm80.deploy import doctor, health, planner, weights
-from deepinfer_sm80.deploy.launcher import render
+from deepinfer_sm80.deploy.launcher import NodeSettings, render
 from deepinfer_sm80.deploy.schema import Topology
 from deepinfer_sm80.deploy.topology import ConfigError, load, validate
 
@@ -50,13 +50,32 @@ def cmd_launch(args) -> int:
         for p in v.plan_only:
             print(f"error: {p}", file=sys.stderr)
         return 2
-    plan = render(topo)
+    node = NodeSettings(
+        rank=int(args.node_rank), master_addr=args.master_addr or None, host_ip=args.host_ip
+    )
+    try:
+        plan = render(topo, node)
+    except ValueError as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 2
     for what, why in plan.decisions:
         print(f"decision: {what} -- {why}", file=sys.stderr)
     env_txt = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
     print(f"{env_txt} {shlex.join(plan.argv)}")
+    digest = plan.config_hash()
+    print(f"config-hash: {digest} (node {node.rank} of {topo.nodes.count})", file=sys.stderr)
+    expected = os.environ.get("DEEPINFER_EXPECT_CONFIG_HASH")
+    if expected and expected != digest:
+        print(
+            f"error: config-hash {digest} differs from DEEPINFER_EXPECT_CONFIG_HASH={expected} "
+            "(node 0's): the nodes would run different commands and vLLM would hang; make "
+            "every node's checkout, topology and .env agree",
+            file=sys.stderr,
+        )
+        return 2
     if args.dry_run:
         return 0
+    _write_runtime_file("config-hash", digest)
     if not args.skip_preflight:
         failed = [c for c in preflight(topo) if not c.ok]
         for c in failed:
@@ -80,6 +99,16 @@ def cmd_launch(args) -> int:
     return 0  # not reached
 
 
+def _write_runtime_file(name: str, text: str) -> None:
+    """Best effort: `deepinfer doctor` on this node reads it back."""
+    run_dir = doctor.default_status_file().parent
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / name).write_text(text + "\n")
+    except OSError as exc:
+        print(f"warning: cannot write {run_dir / name}: {exc}", file=sys.stderr)
+
+
 def preflight(topo: Topology) -> list[doctor.Check]:
     """What must hold before ``vllm serve`` is worth starting: enough visible Ampere GPUs
     and a usable /dev/shm. Without them vLLM fails minutes later with a traceback."""
@@ -95,6 +124,14 @@ def cmd_health(args) -> int:
         api_key=os.environ.get("VLLM_API_KEY"),
         timeout_s=args.timeout,
     )
+    if args.worker:
+        try:
+            pids = health.check_worker()
+        except health.HealthError as exc:
+            print(f"unhealthy: {exc}", file=sys.stderr)
+            return 1
+        print(f"worker alive (vllm pids {', '.join(map(str, pids))})")
+        return 0
     check = health.check_ready if args.ready else health.check_live
     try:
         if args.wait:
@@ -142,6 +179,14 @@ def cmd_doctor(args) -> int:
     checks = doctor.check_gpus(doctor._nvidia_smi(), needed)
     checks += doctor.check_host(weights_dir=Path(args.weights) if args.weights else None)
     checks.append(doctor.check_patches())
+    if args.expect_hash:
+        if not args.topology:
+            print("error: --expect-hash needs --topology", file=sys.stderr)
+            return 2
+        mine = render(
+            topo, NodeSettings(rank=0, master_addr=os.environ.get("MASTER_ADDR") or "unset")
+        ).config_hash()
+        checks.append(doctor.check_config_hash(mine, args.expect_hash))
     if args.json:
         print(json.dumps([c.__dict__ for c in checks], indent=1))
     else:
@@ -163,9 +208,12 @@ def cmd_plan(args) -> int:
         else:
             for rank, p in enumerate(plans, 1):
                 gpus = sum(s.tensor_parallel for s in p.stages)
+                where = f" on {len(p.nodes)} nodes" if len(p.nodes) > 1 else ""
+                if p.replicas > 1:
+                    where = f" x {p.replicas} replicas"
                 print(
-                    f"{rank}. {p.topology:8} {gpus} x {p.gpu}: {p.kv_tokens:>12,} KV tokens "
-                    f"({p.contexts_1m:.2f} x 1M){'' if p.fits else '  DOES NOT FIT'}"
+                    f"{rank}. {p.topology:8} {gpus} x {p.gpu}{where}: {p.kv_tokens:>12,} KV "
+                    f"tokens ({p.contexts_1m:.2f} x 1M){'' if p.fits else '  DOES NOT FIT'}"
                 )
         return 0
     if not args.topology:
@@ -206,11 +254,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--skip-preflight", action="store_true", help="start even if the GPU/shm checks fail"
     )
+    p.add_argument(
+        "--node-rank",
+        default=os.environ.get("NODE_RANK", "0"),
+        type=int,
+        help="this node's rank in a multi-node topology (env NODE_RANK)",
+    )
+    p.add_argument(
+        "--master-addr",
+        default=os.environ.get("MASTER_ADDR"),
+        help="node 0's address for multi-node topologies (env MASTER_ADDR)",
+    )
+    p.add_argument(
+        "--host-ip",
+        default=os.environ.get("VLLM_HOST_IP") or None,
+        help="this node's address for vLLM traffic (env VLLM_HOST_IP)",
+    )
     p.set_defaults(func=cmd_launch)
     p = sub.add_parser("health", help="is the server live (--live) or really ready (--ready)?")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--live", action="store_true", help="port + GET /health (default)")
     mode.add_argument("--ready", action="store_true", help="also /v1/models and one completion")
+    mode.add_argument(
+        "--worker", action="store_true", help="headless node: a vLLM process is alive here"
+    )
     p.add_argument("--url", default=os.environ.get("DEEPINFER_URL", "http://127.0.0.1:8000"))
     p.add_argument(
         "--served-model-name",
@@ -239,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", help="checkpoint folder to verify")
     p.add_argument("--json", action="store_true")
     p.add_argument("--patches", action="store_true", help="print the patch ledger and exit")
+    p.add_argument(
+        "--expect-hash",
+        help="node 0's config-hash (printed at its launch): check this node renders the same",
+    )
     p.set_defaults(func=cmd_doctor)
     p = sub.add_parser("observability", help="render the Grafana dashboard and alert rules")
     p.add_argument("--write", required=True, metavar="DIR", help="e.g. configs/observability")

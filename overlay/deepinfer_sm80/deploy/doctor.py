@@ -199,3 +199,18 @@ def check_patches(status_file: Path | None = None) -> Check:
         detail,
         "" if status.get("active") else "see the reason; DEEPINFER_FORCE=1 forces it",
     )
+
+
+def check_config_hash(mine: str, expected: str) -> Check:
+    """Every node of a multi-node server must render the same command and environment
+    (vLLM hangs silently otherwise); node 0 prints its hash at launch."""
+    ok = mine == expected.strip()
+    return Check(
+        "config-hash",
+        ok,
+        f"this node renders {mine}" + ("" if ok else f", node 0 rendered {expected.strip()}"),
+        ""
+        if ok
+        else "make the checkout, topology file and .env identical on every node "
+        "(only NODE_RANK, VLLM_HOST_IP and interface names may differ)",
+    )

@@ -118,6 +118,27 @@ def check_ready(t: Target) -> str:
     return text
 
 
+def check_worker(proc: str = "/proc") -> list[int]:
+    """A headless node serves no HTTP: alive means a `vllm` process runs here (same PID
+    namespace as the container). Returns their PIDs."""
+    import os
+
+    pids = []
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, entry, "cmdline"), "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(os.path.basename(a) == b"vllm" for a in argv[:2]) and b"serve" in argv:
+            pids.append(int(entry))
+    if not pids:
+        raise HealthError("worker", "no `vllm serve` process on this node")
+    return sorted(pids)
+
+
 def wait(check, t: Target, deadline_s: float, poll_s: float = 5.0, container=None):
     """Retry ``check`` until it passes or ``deadline_s`` passes. ``container`` (a callable
     returning None while running, else a failure message) stops the wait at once when

@@ -7,6 +7,7 @@ shell). Secrets (the API key) travel in the environment, never in argv.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 
@@ -15,14 +16,48 @@ from deepinfer_sm80.deploy.schema import Topology
 ENGINE_READY_TIMEOUT_S = 3600  # loading ~475 GiB of weights takes long (vLLM recipes)
 
 
+# Settings that legitimately differ between the nodes of one server: excluded from the
+# configuration hash, which must otherwise be identical on every node.
+PER_NODE_FLAGS = ("--node-rank", "--data-parallel-start-rank")
+PER_NODE_SWITCHES = ("--headless",)
+PER_NODE_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NODE_RANK")
+
+
 @dataclass
 class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
     decisions: list[tuple[str, str]] = field(default_factory=list)
 
+    def config_hash(self) -> str:
+        """SHA-256 (first 16 hex digits) of the command and environment without the
+        per-node parts. vLLM hangs silently when nodes disagree; printing this on every
+        node (and ``deepinfer doctor --expect-hash``) makes a mismatch visible."""
+        argv, skip = [], False
+        for arg in self.argv:
+            if skip:
+                skip = False
+                continue
+            if arg in PER_NODE_FLAGS:
+                skip = True
+                continue
+            if arg not in PER_NODE_SWITCHES:
+                argv.append(arg)
+        env = {k: v for k, v in self.env.items() if k not in PER_NODE_ENV}
+        blob = json.dumps({"argv": argv, "env": env}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
 
-def render(topo: Topology) -> LaunchPlan:
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Where this process runs in a multi-node server (from the node's .env)."""
+
+    rank: int = 0
+    master_addr: str | None = None
+    host_ip: str | None = None
+
+
+def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
     par = topo.parallel
     tp = par.tensor_parallel
     if isinstance(tp, list):
@@ -135,4 +170,56 @@ def render(topo: Topology) -> LaunchPlan:
         )
     env.update(topo.env)
     argv += topo.extra_vllm_args
+    _render_nodes(topo, node or NodeSettings(), argv, env, decisions)
     return LaunchPlan(argv, env, decisions)
+
+
+def _render_nodes(topo, node: NodeSettings, argv, env, decisions) -> None:
+    n = topo.nodes.count
+    if node.rank and n == 1:
+        raise ValueError(
+            f"node rank {node.rank}: topology {topo.name} runs on one node (nodes.count 1)"
+        )
+    if n == 1:
+        return
+    if not 0 <= node.rank < n:
+        raise ValueError(f"node rank {node.rank}: must be 0..{n - 1} for {n} nodes")
+    if topo.nodes.backend == "ray":
+        if node.rank:
+            raise ValueError(
+                "nodes.backend ray: only the head runs `vllm serve`; other nodes join the Ray "
+                "cluster (`ray start --address HEAD:6379`) instead of running deepinfer launch"
+            )
+        argv += ["--distributed-executor-backend", "ray"]
+        decisions.append(("--distributed-executor-backend ray", "one server over a Ray cluster"))
+        return
+    if not node.master_addr:
+        raise ValueError(
+            f"{n}-node topology: MASTER_ADDR (node 0's address) is not set; put it in every "
+            "node's .env or pass --master-addr"
+        )
+    argv += [
+        "--nnodes",
+        str(n),
+        "--node-rank",
+        str(node.rank),
+        "--master-addr",
+        node.master_addr,
+        "--master-port",
+        str(topo.nodes.master_port),
+        # Each step waits on every node: give slow first steps (JIT, 1M prefill) room.
+        "--distributed-timeout-seconds",
+        "3600",
+    ]
+    if node.host_ip:
+        env["VLLM_HOST_IP"] = node.host_ip
+    decisions.append(
+        (
+            f"--nnodes {n} --node-rank {node.rank}",
+            "vLLM's native multi-node mode: the same command on every node, ranks "
+            "tensor-parallel first, node by node",
+        )
+    )
+    if node.rank:
+        argv.append("--headless")
+        decisions.append(("--headless", "only node 0 serves HTTP and /metrics"))

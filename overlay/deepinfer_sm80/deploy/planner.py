@@ -17,12 +17,13 @@ Estimates, derived from the model facts in ``configs/model/deepseek-v4.1-flash.y
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
 from deepinfer_sm80 import model_topology as mt
+from deepinfer_sm80.deploy import nodes as nodes_mod
 from deepinfer_sm80.deploy.schema import Topology
 from deepinfer_sm80.deploy.topology import CONFIG_DIR
 
@@ -111,10 +112,12 @@ class Plan:
     stages: list[StagePlan]
     kv_tokens: int
     contexts_1m: float
-    host_ram_gib: float
+    host_ram_gib: float  # the busiest node
     fits: bool
     notes: list[str]
     components_gib: dict[str, float]
+    nodes: list[dict] = field(default_factory=list)  # per node: GPUs, stages, host RAM
+    replicas: int = 1  # independent copies; kv_tokens is per replica
 
 
 def plan(topo: Topology, gpu: str | None = None) -> Plan:
@@ -170,7 +173,19 @@ def plan(topo: Topology, gpu: str | None = None) -> Plan:
             )
         )
     kv_tokens = min(s.kv_tokens for s in stages)
-    host = f["checkpoint_gib_reported"]["engram"] + 16 if topo.engram_cpu_offload else 16
+    table_gib = f["checkpoint_gib_reported"]["engram"] / len(nodes_mod.ENGRAM_LAYERS)
+    host_per_node = nodes_mod.host_ram_gib(topo, table_gib)
+    host = max(host_per_node)
+    stage_nodes = nodes_mod.stage_nodes(topo) if not isinstance(par.tensor_parallel, list) else []
+    node_rows = [
+        {
+            "node": n,
+            "gpus": topo.gpus.count,
+            "stages": sorted({s for s, ns in enumerate(stage_nodes) if n in ns}),
+            "host_ram_gib": round(host_per_node[n], 1),
+        }
+        for n in range(topo.nodes.count)
+    ]
     notes = [
         "estimates: weights from layer shapes and dtypes, reserved memory a fixed "
         f"{RESERVED_GIB:g} GiB per GPU plus the prefill gather workspace; vLLM measures "
@@ -188,7 +203,18 @@ def plan(topo: Topology, gpu: str | None = None) -> Plan:
     fits = all(s.kv_budget_gib > 0 for s in stages) and kv_tokens >= topo.max_model_len
     components = {k: v / GIB for k, v in component_bytes(f).items()}
     return Plan(
-        topo.name, gpu, mem, stages, kv_tokens, kv_tokens / 1_048_576, host, fits, notes, components
+        topo.name,
+        gpu,
+        mem,
+        stages,
+        kv_tokens,
+        kv_tokens / 1_048_576,
+        host,
+        fits,
+        notes,
+        components,
+        node_rows,
+        topo.replicas,
     )
 
 
@@ -208,6 +234,13 @@ def format_plan(p: Plan) -> str:
         f"KV pool: {p.kv_tokens:,} tokens = {p.contexts_1m:.2f} contexts of 1M; "
         f"host RAM needed ~{p.host_ram_gib:.0f} GiB; {'fits' if p.fits else 'DOES NOT FIT'}"
     )
+    if len(p.nodes) > 1:
+        for n in p.nodes:
+            stages = ", ".join(map(str, n["stages"])) or "none"
+            lines.append(
+                f"node {n['node']}: {n['gpus']} GPUs, stages {stages}, host RAM "
+                f"~{n['host_ram_gib']:.0f} GiB (Engram tables of the layers it holds)"
+            )
     lines.append(
         "weights by component (whole model, before TP/PP): "
         + "; ".join(f"{k} {v:.1f} GiB" for k, v in p.components_gib.items())

@@ -17,7 +17,7 @@ class _Strict(BaseModel):
 
 class Gpus(_Strict):
     count: int = Field(gt=0)
-    """GPUs this topology uses on one node."""
+    """GPUs this topology uses on each node (the whole layout when it spans one node)."""
     kind: str = "A100-80GB"
     """GPU model it is written for (A100-80GB, A100-40GB, GA100-64GB, A800-80GB, RTX3090,
     A6000, A40, ...)."""
@@ -32,6 +32,19 @@ class Parallel(_Strict):
     partition: list[int] | None = None
     """Decoder layers per stage (VLLM_PP_LAYER_PARTITION); required when
     pipeline_parallel > 1, one entry per stage, summing to 40."""
+
+
+class Nodes(_Strict):
+    count: int = Field(default=1, gt=0)
+    """Nodes one server spans. Above 1, vLLM's own multi-node mode runs: the same
+    ``vllm serve`` on every node, ranks laid out tensor-parallel first, node by node."""
+    backend: Literal["mp", "ray"] = "mp"
+    """mp: vLLM's native multiprocessing (--nnodes/--node-rank, --headless on nodes > 0);
+    ray: one ``vllm serve`` on the head of a Ray cluster the operator started (Ray is not
+    in vLLM 0.33.0's dependencies: the image must add it)."""
+    master_port: int = Field(default=29501, gt=0, lt=65536)
+    """Port on node 0 the other nodes' workers connect to (--master-port). The address
+    is per-deployment: MASTER_ADDR in each node's .env."""
 
 
 class Speculative(_Strict):
@@ -55,7 +68,12 @@ class Topology(_Strict):
     served_model_name: str = "deepseek-v4.1-flash"
     """Name clients use in the OpenAI API."""
     gpus: Gpus
-    """The GPUs of the node."""
+    """The GPUs of each node."""
+    nodes: Nodes = Nodes()
+    """How many nodes one server spans (multi-node)."""
+    replicas: int = Field(default=1, gt=0)
+    """Independent copies of the whole server, one per node (group), behind a router for
+    throughput; each replica is started on its own node with the same file."""
     parallel: Parallel = Parallel()
     """Tensor / pipeline layout."""
     max_model_len: int = Field(default=1_048_576, gt=0, le=1_048_576)

@@ -121,7 +121,24 @@ def validate(
                 f"{path}: parallel.tensor_parallel: {tp} does not divide the "
                 f"{NUM_HEADS} attention heads; use 1, 2, 4, 8, 16, 32 or 64"
             )
-    if sum(tps) != topo.gpus.count:
+    if topo.nodes.count > 1 or topo.replicas > 1:
+        from deepinfer_sm80.deploy import nodes
+
+        problems = nodes.layout_errors(topo)
+        v.errors += [f"{path}: nodes: {e}" for e in problems]
+        if problems:
+            return v
+        if topo.nodes.count > 1 and tps[0] > topo.gpus.count:
+            v.warnings.append(
+                f"{path}: tensor_parallel {tps[0]} spans nodes ({topo.gpus.count} GPUs each): "
+                "every layer all-reduces across the network; use InfiniBand/RoCE"
+            )
+        if topo.nodes.count > 1 and topo.nodes.backend == "ray":
+            v.warnings.append(
+                f"{path}: nodes.backend ray: start the Ray cluster first and add `ray` to the "
+                "image (vLLM 0.33.0 does not install it)"
+            )
+    if topo.nodes.count == 1 and sum(tps) != topo.gpus.count:
         layout = "+".join(map(str, tps))
         v.errors.append(
             f"{path}: gpus.count: {topo.gpus.count} GPUs, but the layout uses "

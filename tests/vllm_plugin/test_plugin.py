@@ -38,6 +38,18 @@ def restore_vllm():
     yield
     for module, attr, value in saved:
         setattr(module, attr, value)
+    from vllm.triton_utils import dispatcher
+
+    for entry in ledger.LEDGER:
+        if entry.level == "kernel":
+            for path in entry.targets:
+                dispatcher._registry.pop(path.replace(":", "."), None)
+
+
+def _bound(module, attr):
+    """What a target now routes to: the function itself, or a kernel override's impl."""
+    value = getattr(module, attr)
+    return getattr(value, "_impl", value)
 
 
 def _ours(entry):
@@ -82,7 +94,7 @@ def test_forced_activation_patches_every_target_with_the_same_signature(restore_
         ours = _ours(entry)
         for path in entry.targets:
             module, attr = _target(path)
-            assert getattr(module, attr) is ours, path
+            assert _bound(module, attr) is ours, path
         assert status["patches"][entry.name] == f"applied: {len(entry.targets)} sites"
     # Idempotent: a second activation finds everything already ours and changes nothing.
     again = apply.activate(
@@ -92,13 +104,15 @@ def test_forced_activation_patches_every_target_with_the_same_signature(restore_
 
 
 def test_signatures_match_before_patching(restore_vllm):
-    for _entry, sites, replacement in apply.plan_patches(list(ledger.LEDGER)):
+    for entry, sites, replacement in apply.plan_patches(list(ledger.LEDGER)):
         for module, attr in sites:
             original = getattr(module, attr)
-            assert (
-                inspect.signature(original).parameters.keys()
-                == inspect.signature(replacement).parameters.keys()
+            theirs = (
+                tuple(original.arg_names)
+                if entry.level == "kernel"
+                else tuple(inspect.signature(original).parameters)
             )
+            assert theirs == tuple(inspect.signature(replacement).parameters)
 
 
 @pytest.mark.parametrize(
@@ -182,3 +196,48 @@ def test_aot_seeding_is_optional_and_never_raises(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     assert seed_aot_kernels({**env, "TRITON_CACHE_DIR": str(blocked)}) == 0
+
+
+def test_kernel_level_entry_goes_through_register_kernels(tmp_path):
+    """engram-lookup: vLLM's Triton kernel becomes a KernelOverride routing to ours, its
+    launch arguments checked by name first; a second activation changes nothing."""
+    from vllm.models.deepseek_v41.common import engram as v41_engram
+    from vllm.triton_utils import dispatcher
+
+    from deepinfer_sm80.ops.engram import engram_lookup_kernel_override
+    from deepinfer_sm80.vllm_plugin import apply, ledger
+
+    entry = next(e for e in ledger.LEDGER if e.name == "engram-lookup")
+    assert entry.level == "kernel"
+    original = v41_engram._engram_lookup_kernel
+    env = {
+        "DEEPINFER_FORCE": "1",
+        "DEEPINFER_PATCHES": "engram-lookup",
+        "DEEPINFER_RUNTIME_DIR": str(tmp_path),
+    }
+    try:
+        status = apply.activate(env, capabilities=[])
+        assert status["patches"]["engram-lookup"] == "applied: 1 sites"
+        wrapped = v41_engram._engram_lookup_kernel
+        assert isinstance(wrapped, dispatcher.KernelOverride)
+        assert wrapped._impl is engram_lookup_kernel_override
+        apply.activate(env, capabilities=[])
+        assert v41_engram._engram_lookup_kernel is wrapped
+    finally:
+        v41_engram._engram_lookup_kernel = original
+        dispatcher._registry.pop(
+            "vllm.models.deepseek_v41.common.engram._engram_lookup_kernel", None
+        )
+
+
+def test_kernel_level_entry_refuses_mismatched_arguments():
+    import dataclasses
+
+    import pytest
+
+    from deepinfer_sm80.vllm_plugin import apply, ledger
+
+    entry = next(e for e in ledger.LEDGER if e.name == "engram-lookup")
+    wrong = dataclasses.replace(entry, replacement="deepinfer_sm80.ops.fp8.ref:e4m3_decode_ref")
+    with pytest.raises(apply.PluginError, match="takes"):
+        apply.plan_patches([wrong])

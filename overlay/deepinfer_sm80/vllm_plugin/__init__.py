@@ -14,9 +14,9 @@ Environment:
 - ``DEEPINFER_AOT_DIR``: ahead-of-time Triton kernels to seed the Triton cache from (the
   image sets /opt/deepinfer/kernels; see ``deepinfer_sm80.aot``).
 
-Not in this plugin yet: the Ampere attention class (sparse MLA instead of FlashMLA),
-mHC, YOCO metadata reuse and the pipeline relay; without them vLLM 0.33.0 still cannot
-serve DeepSeek-V4.1 on Ampere.
+Not in this plugin yet: mHC, YOCO metadata reuse and the pipeline relay; the patch
+ledger (``ledger.py``) lists what is switched. Nothing has served DeepSeek-V4.1 on an
+Ampere GPU yet.
 """
 
 from __future__ import annotations

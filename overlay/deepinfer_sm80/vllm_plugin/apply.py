@@ -55,6 +55,26 @@ def _params(fn) -> list[tuple[str, object]]:
     return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
+def _kernel_override_of(original, replacement) -> bool:
+    """True when ``original`` is vLLM's KernelOverride already routing to ``replacement``
+    (a second activation in the same process)."""
+    return getattr(original, "_impl", None) is replacement
+
+
+def _check_kernel_params(e: LedgerEntry, target: str, original, replacement) -> None:
+    """A kernel-level replacement receives the Triton kernel's launch arguments by name:
+    its parameters must be the kernel's, in order."""
+    kernel_args = tuple(getattr(original, "arg_names", ()))
+    ours = tuple(name for name, _ in _params(replacement))
+    if not kernel_args:
+        raise PluginError(f"ledger entry {e.name!r}: {target} is not a Triton kernel")
+    if ours != kernel_args:
+        raise PluginError(
+            f"ledger entry {e.name!r}: kernel {target} takes {kernel_args}, ours takes {ours}; "
+            f"verified on vLLM {e.verified}"
+        )
+
+
 def plan_patches(entries: list[LedgerEntry]) -> list[tuple[LedgerEntry, list, object]]:
     """Resolve every target and replacement and check signatures -- before patching
     anything, so a mismatch leaves vLLM untouched."""
@@ -69,7 +89,10 @@ def plan_patches(entries: list[LedgerEntry]) -> list[tuple[LedgerEntry, list, ob
                 raise PluginError(
                     f"ledger entry {e.name!r}: {exc}; the entry was verified on vLLM {e.verified}"
                 ) from None
-            if original is not replacement and _params(original) != _params(replacement):
+            if e.level == "kernel":
+                if not _kernel_override_of(original, replacement):
+                    _check_kernel_params(e, target, original, replacement)
+            elif original is not replacement and _params(original) != _params(replacement):
                 raise PluginError(
                     f"ledger entry {e.name!r}: {target} has signature "
                     f"{inspect.signature(original)}, ours is "
@@ -78,6 +101,16 @@ def plan_patches(entries: list[LedgerEntry]) -> list[tuple[LedgerEntry, list, ob
             sites.append((module, attr))
         planned.append((e, sites, replacement))
     return planned
+
+
+def _override_kernel(module, attr: str, replacement) -> None:
+    """vLLM's own extension point for Triton kernels: it swaps the kernel object for a
+    KernelOverride wherever it is bound and forwards launch arguments to ``replacement``."""
+    if _kernel_override_of(getattr(module, attr), replacement):
+        return
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    register_kernels({f"{module.__name__}.{attr}": replacement})
 
 
 def selected_entries(env: Mapping[str, str]) -> tuple[list[LedgerEntry], dict[str, str]]:
@@ -119,7 +152,10 @@ def activate(env: Mapping[str, str], capabilities: list[tuple[int, int]] | None 
     entries, statuses = selected_entries(env)
     for e, sites, replacement in plan_patches(entries):
         for module, attr in sites:
-            setattr(module, attr, replacement)
+            if e.level == "kernel":
+                _override_kernel(module, attr, replacement)
+            else:
+                setattr(module, attr, replacement)
         statuses[e.name] = f"applied: {len(sites)} sites"
     reason = "forced (DEEPINFER_FORCE=1)" if forced and not ampere else f"SM8x GPUs {caps}"
     status = _finish(env, True, reason, statuses)

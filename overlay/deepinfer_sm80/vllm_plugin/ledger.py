@@ -22,7 +22,10 @@ class LedgerEntry:
     replacement: str  # "module:attribute" of ours, same signature
     reason: str
     remove_when: str
-    level: str = "function"  # rebinding a Python function with vLLM's signature
+    # "function": rebind a Python function with vLLM's signature at every target;
+    # "kernel": a Triton kernel replaced through vllm.triton_utils.dispatcher.register_kernels,
+    # the replacement taking the kernel's launch arguments by name.
+    level: str = "function"
     verified: str = VERIFIED_VLLM
 
 
@@ -78,6 +81,65 @@ LEDGER: tuple[LedgerEntry, ...] = (
         reason="same results from a kernel sized to the row width (vLLM: a fixed 1024 block); "
         "keeps every index op of the Ampere path in one tested package",
         remove_when="no Ampere-specific change is needed: drop when it stops paying off",
+    ),
+    LedgerEntry(
+        name="attention",
+        targets=(f"{_V41}.nvidia.model:_select_dsv4_attn_cls",),
+        replacement="deepinfer_sm80.vllm_plugin.attention:select_dsv4_attn_cls",
+        reason="on SM8x vLLM builds DeepseekV4FlashMLAAttention, whose FlashMLA decode and "
+        "prefill have sm90a/sm100 code only; ours is that layer with our sparse MLA on the "
+        "real heads, declaring its own backends: no FlashMLA tile scheduler in the SWA "
+        "metadata, and FLASHMLA_SPARSE_DSV41's capability check widened to 8.x",
+        remove_when="vLLM selects a DeepSeek-V4.1 attention layer that runs on sm80",
+    ),
+    LedgerEntry(
+        name="indexer-mqa-logits",
+        targets=(
+            "vllm.model_executor.layers.sparse_attn_indexer:fp8_fp4_mqa_logits",
+            "vllm.utils.deep_gemm:fp8_fp4_mqa_logits",
+            "vllm.models.glm5next.nvidia.sparse_indexer:fp8_fp4_mqa_logits",
+        ),
+        replacement="deepinfer_sm80.ops.indexer_logits:fp8_fp4_mqa_logits",
+        reason="DeepGEMM's fp8_fp4_mqa_logits has sm90+ code only; ours decodes the e4m3 "
+        "index keys in software (exactly, to fp16) for Tensor Core dots: same compressed "
+        "row layout, fp32 logits",
+        remove_when="vLLM or DeepGEMM ship an sm80 MQA-logits path",
+    ),
+    LedgerEntry(
+        name="indexer-paged-mqa-logits",
+        targets=(
+            "vllm.model_executor.layers.sparse_attn_indexer:fp8_fp4_paged_mqa_logits",
+            "vllm.utils.deep_gemm:fp8_fp4_paged_mqa_logits",
+            f"{_V41}.nvidia.specialized_decode.attention.indexer:fp8_fp4_paged_mqa_logits",
+            "vllm.models.glm5next.nvidia.sparse_indexer:fp8_fp4_paged_mqa_logits",
+        ),
+        replacement="deepinfer_sm80.ops.indexer_logits:fp8_fp4_paged_mqa_logits",
+        reason="DeepGEMM's paged MQA logits has sm90+ code only; ours reads the fp8 index-K "
+        "pages directly and writes logits up to each row's length, -inf to the request's",
+        remove_when="vLLM or DeepGEMM ship an sm80 paged MQA-logits path",
+    ),
+    LedgerEntry(
+        name="indexer-paged-metadata",
+        targets=(
+            "vllm.v1.attention.backends.mla.indexer:get_paged_mqa_logits_metadata",
+            "vllm.utils.deep_gemm:get_paged_mqa_logits_metadata",
+            f"{_V41}.nvidia.specialized_decode.attention.indexer:get_paged_mqa_logits_metadata",
+        ),
+        replacement="deepinfer_sm80.ops.indexer_logits:get_paged_mqa_logits_metadata",
+        reason="the indexer's metadata builder calls DeepGEMM's scheduler (sm90+) every decode "
+        "step; our paged kernel needs no schedule, so this returns the zeros vLLM copies",
+        remove_when="the indexer-paged-mqa-logits entry is removed",
+    ),
+    LedgerEntry(
+        name="engram-lookup",
+        targets=(f"{_V41}.common.engram:_engram_lookup_kernel",),
+        replacement="deepinfer_sm80.ops.engram:engram_lookup_kernel_override",
+        reason="the Engram tables are float8_e4m3fn, so Triton types vLLM's lookup kernel's "
+        "table pointer *fp8e4nv, which it refuses below sm89; ours reads the bytes as uint8 "
+        "and decodes e4m3 in software (bit-exact), while vLLM's lookup() keeps its grid, "
+        "sorting and storage modes",
+        remove_when="vLLM's Engram lookup compiles for sm80",
+        level="kernel",
     ),
 )
 

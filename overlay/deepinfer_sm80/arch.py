@@ -52,6 +52,11 @@ class LaunchConfig:
 
 # Chosen by measurement (benchmarks/); identical on sm80 and sm86 so far.
 KERNEL_CONFIGS: dict[str, LaunchConfig] = {
+    # Cache writers (ops/cache_writers). The indexer K writer runs ONE warp: the warp
+    # count fixes the norm's summation order, which must equal vLLM's for equal bytes.
+    "cache_writers.indexer_k": LaunchConfig(num_warps=1, num_stages=1),
+    "cache_writers.compressed_kv": LaunchConfig(num_warps=4, num_stages=1),
+    "cache_writers.plain_rows": LaunchConfig(num_warps=4, num_stages=1),
     # Indexer scoring (ops/indexer_logits): picked to fit sm80/sm86 (<= 48 KB, no spill),
     # not yet by measurement. Prefill stacks query rows to 128 per program; decode uses
     # the wide config when next_n x heads > 64.

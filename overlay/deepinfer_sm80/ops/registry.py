@@ -13,6 +13,7 @@ OP_MODULES = (
     "deepinfer_sm80.ops.sparse_mla.triton_kernel",
     "deepinfer_sm80.ops.indexer_logits.triton_kernel",
     "deepinfer_sm80.ops.engram.triton_kernel",
+    "deepinfer_sm80.ops.cache_writers.triton_kernel",
 )
 
 

@@ -131,6 +131,30 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="the indexer-paged-mqa-logits entry is removed",
     ),
     LedgerEntry(
+        name="indexer-k-store",
+        targets=(
+            f"{_V41}.common.ops.indexer_k_store:indexer_k_norm_rope_store",
+            f"{_V41}.common.ops:indexer_k_norm_rope_store",
+            f"{_V41}.attention:indexer_k_norm_rope_store",
+        ),
+        replacement="deepinfer_sm80.ops.cache_writers:indexer_k_norm_rope_store",
+        reason="vLLM's index-K writer (norm + RoPE + fp8 quantization) converts to fp8e4nv, "
+        "which Triton refuses below sm89; ours encodes e4m3 in software, same bytes (the "
+        "MXFP4 index cache needs sm100 and is refused with a message)",
+        remove_when="vLLM's indexer K writer compiles for sm80",
+    ),
+    LedgerEntry(
+        name="compressed-kv-insert",
+        targets=(
+            f"{_V41}.common.ops.fused_compress_quant_cache:rope_quant_insert",
+            f"{_V41}.compressor:rope_quant_insert",
+        ),
+        replacement="deepinfer_sm80.ops.cache_writers:rope_quant_insert",
+        reason="vLLM's compressed-cache insert (the 584-byte V4 record, fp8_ds_mla off SM100) "
+        "converts to fp8e4nv, which Triton refuses below sm89; ours writes the same bytes",
+        remove_when="vLLM's compressed-cache insert compiles for sm80",
+    ),
+    LedgerEntry(
         name="engram-lookup",
         targets=(f"{_V41}.common.engram:_engram_lookup_kernel",),
         replacement="deepinfer_sm80.ops.engram:engram_lookup_kernel_override",

@@ -52,6 +52,11 @@ class LaunchConfig:
 
 # Chosen by measurement (benchmarks/); identical on sm80 and sm86 so far.
 KERNEL_CONFIGS: dict[str, LaunchConfig] = {
+    # Index-Q RoPE + fp8 quantization (ops/indexer_q): 16 heads x 128 per program.
+    "indexer_q.rope_quant": LaunchConfig(num_warps=4, num_stages=1, constexprs=(("BLOCK_H", 16),)),
+    # Inverse RoPE (+ optional fp8) on the o_proj path (ops/inv_rope): two 512-wide heads
+    # per program, one 16-byte bf16 vector per thread.
+    "inv_rope.fused": LaunchConfig(num_warps=4, num_stages=1, constexprs=(("BLOCK_H", 2),)),
     # Cache writers (ops/cache_writers). The indexer K writer runs ONE warp: the warp
     # count fixes the norm's summation order, which must equal vLLM's for equal bytes.
     "cache_writers.indexer_k": LaunchConfig(num_warps=1, num_stages=1),

@@ -241,3 +241,18 @@ def test_kernel_level_entry_refuses_mismatched_arguments():
     wrong = dataclasses.replace(entry, replacement="deepinfer_sm80.ops.fp8.ref:e4m3_decode_ref")
     with pytest.raises(apply.PluginError, match="takes"):
         apply.plan_patches([wrong])
+
+
+def test_fp8_wo_a_setting_is_refused_on_ampere(tmp_path):
+    """With wo_a kept in fp8, vLLM's o_proj goes to DeepGEMM (sm90+): refuse, say why."""
+    import pytest
+
+    from deepinfer_sm80.vllm_plugin import apply
+
+    env = {
+        "DEEPINFER_FORCE": "1",
+        "DEEPINFER_RUNTIME_DIR": str(tmp_path),
+        "VLLM_MXFP8_EMULATION_DEQUANT_AT_LOAD": "0",
+    }
+    with pytest.raises(apply.PluginError, match="fp8_einsum, which needs sm90"):
+        apply.activate(env, capabilities=[])

@@ -14,6 +14,8 @@ OP_MODULES = (
     "deepinfer_sm80.ops.indexer_logits.triton_kernel",
     "deepinfer_sm80.ops.engram.triton_kernel",
     "deepinfer_sm80.ops.cache_writers.triton_kernel",
+    "deepinfer_sm80.ops.indexer_q.triton_kernel",
+    "deepinfer_sm80.ops.inv_rope.triton_kernel",
 )
 
 

@@ -149,6 +149,13 @@ def activate(env: Mapping[str, str], capabilities: list[tuple[int, int]] | None 
             f"vLLM {version} is installed; the patch ledger was verified on vLLM {VERIFIED_VLLM}. "
             f"Install vllm=={VERIFIED_VLLM}, or set DEEPINFER_ALLOW_VLLM_VERSION=1 to try anyway"
         )
+    dequant = env.get("VLLM_MXFP8_EMULATION_DEQUANT_AT_LOAD", "true").strip().lower()
+    if dequant not in ("true", "1"):  # vLLM's own parsing: anything else means off
+        raise PluginError(
+            "VLLM_MXFP8_EMULATION_DEQUANT_AT_LOAD is off: wo_a would stay fp8 and o_proj would "
+            "call DeepGEMM's fp8_einsum, which needs sm90+. Unset it on Ampere (the default "
+            "dequantizes wo_a to bf16 at load)"
+        )
     entries, statuses = selected_entries(env)
     for e, sites, replacement in plan_patches(entries):
         for module, attr in sites:

@@ -155,6 +155,35 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="vLLM's compressed-cache insert compiles for sm80",
     ),
     LedgerEntry(
+        name="indexer-q-quant",
+        targets=(
+            "vllm.models.deepseek_v4.common.ops.fused_indexer_q:fused_indexer_q_rope_quant",
+            "vllm.models.deepseek_v4.common.ops:fused_indexer_q_rope_quant",
+            f"{_V41}.common.ops:fused_indexer_q_rope_quant",
+            f"{_V41}.attention:fused_indexer_q_rope_quant",
+            f"{_V41}.nvidia.specialized_decode.attention.indexer:fused_indexer_q_rope_quant",
+        ),
+        replacement="deepinfer_sm80.ops.indexer_q:fused_indexer_q_rope_quant",
+        reason="vLLM's fp8 index-Q path runs a CuteDSL kernel whenever cutlass imports (cvt "
+        "e4m3x2: ptxas needs sm90), and its Triton fallback converts to fp8e4nv (refused below "
+        "sm89); function level, since the CuteDSL branch runs before any Triton kernel",
+        remove_when="vLLM's index-Q quantizer compiles for sm80",
+    ),
+    LedgerEntry(
+        name="inv-rope",
+        targets=(
+            "vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant:fused_inv_rope_fp8_quant",
+            "vllm.models.deepseek_v4.common.ops:fused_inv_rope_fp8_quant",
+            f"{_V41}.common.ops:fused_inv_rope_fp8_quant",
+            "vllm.models.deepseek_v4.nvidia.ops.o_proj:fused_inv_rope_fp8_quant",
+        ),
+        replacement="deepinfer_sm80.ops.inv_rope:fused_inv_rope_fp8_quant",
+        reason="o_proj calls it with quantize=False on sm80 (wo_a dequantized to bf16 at load), "
+        "but vLLM's kernel still holds its fp8e4nv conversion and fails to compile below "
+        "sm89; function level because KernelOverride drops the launch grid",
+        remove_when="vLLM's inverse-RoPE kernel compiles for sm80",
+    ),
+    LedgerEntry(
         name="engram-lookup",
         targets=(f"{_V41}.common.engram:_engram_lookup_kernel",),
         replacement="deepinfer_sm80.ops.engram:engram_lookup_kernel_override",
@@ -164,6 +193,22 @@ LEDGER: tuple[LedgerEntry, ...] = (
         "sorting and storage modes",
         remove_when="vLLM's Engram lookup compiles for sm80",
         level="kernel",
+    ),
+    LedgerEntry(
+        name="pp-relay",
+        targets=(
+            f"{_V41}.nvidia.model:DeepseekV41LLMForCausalLM",
+            f"{_V41}.nvidia.vl_model:DeepseekV41LLMForCausalLM",
+        ),
+        replacement="deepinfer_sm80.vllm_plugin.pp_relay.relay:"
+        "PipelineRelayDeepseekV41LLMForCausalLM",
+        reason="a pipeline cut inside a sharing group (14,14,12 cuts at 28, inside 20-39) "
+        "makes vLLM raise NotImplementedError at construction (attention.py:462-468, "
+        "605-613): ours is vLLM's class with model_cls = a DeepseekV4Model subclass that "
+        "registers same-name mirrors of layer 20's caches before make_layers and relays "
+        "the records written each step in the PP IntermediateTensors. Inert at PP=1, for "
+        "cuts that cross nothing, and until relays_shared_kv (or DEEPINFER_PP_RELAY=1)",
+        remove_when="vLLM serves PP splits inside a DeepSeek-V4.1 kv-sharing group",
     ),
 )
 

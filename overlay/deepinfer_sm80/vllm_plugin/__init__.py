@@ -11,10 +11,12 @@ Environment:
 - ``DEEPINFER_PATCHES=a,b``: apply only these ledger entries (names in ``ledger.py``).
 - ``DEEPINFER_ALLOW_VLLM_VERSION=1``: accept a vLLM version the ledger was not verified on.
 - ``DEEPINFER_RUNTIME_DIR``: where the status JSON goes (default: $TMPDIR/deepinfer).
+- ``DEEPINFER_YOCO=0``: turn off the per-step reuse of index metadata across a KV-sharing
+  group in the Ampere attention layer (``yoco.py``); on by default.
 - ``DEEPINFER_AOT_DIR``: ahead-of-time Triton kernels to seed the Triton cache from (the
   image sets /opt/deepinfer/kernels; see ``deepinfer_sm80.aot``).
 
-Not in this plugin yet: mHC, YOCO metadata reuse and the pipeline relay; the patch
+Not in this plugin yet: mHC and the pipeline relay; the patch
 ledger (``ledger.py``) lists what is switched. Nothing has served DeepSeek-V4.1 on an
 Ampere GPU yet.
 """

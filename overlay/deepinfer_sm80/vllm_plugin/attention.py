@@ -32,6 +32,11 @@ planner, nothing allocated), and its own sparse-MLA backend, identical to
 ``FLASHMLA_SPARSE_DSV41`` except that its compute-capability check accepts 8.x. Both are
 subclasses declared on the layer, so no vLLM class is modified.
 
+YOCO reuse (``yoco.py``, switch ``DEEPINFER_YOCO``, default on): within one forward pass
+the decode Top-K slots, the prefill chunk plan and the prefill combined index rows are
+built by the first layer of their sharing group and reused by the rest, where vLLM builds
+them in every layer. The gathered compressed history is not reused (yoco.py says why).
+
 ``select_dsv4_attn_cls`` replaces ``vllm.models.deepseek_v41.nvidia.model._select_dsv4_attn_cls``
 (ledger entry "attention"): vLLM decides as before, and on SM8x its FlashMLA answer becomes
 this layer.
@@ -40,6 +45,7 @@ this layer.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -63,6 +69,7 @@ from deepinfer_sm80.ops.topk_swa import (
     combine_topk_swa_indices,
     compute_global_topk_indices_and_lens,
 )
+from deepinfer_sm80.vllm_plugin import yoco
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -127,21 +134,10 @@ class DeepseekV4AmpereSparseMLAAttention(DeepseekV4FlashMLAAttention):
     ) -> None:
         """One query token per row: its SWA slots plus (compressed layers) its Top-K
         compressed slots, straight from the fp8 records, into ``output[:, :n_local_heads]``."""
-        num_tokens = swa_metadata.num_decode_tokens
         topk_slots = topk_lens = None
         if not swa_only:
             assert attn_metadata is not None and kv_cache is not None
-            assert swa_metadata.is_valid_token is not None
-            assert swa_metadata.token_to_req_indices is not None
-            assert self.topk_indices_buffer is not None
-            # The index source wrote local compressed positions; the kernel wants slots.
-            topk_slots, topk_lens = compute_global_topk_indices_and_lens(
-                self.topk_indices_buffer[:num_tokens],
-                swa_metadata.token_to_req_indices,
-                attn_metadata.block_table[: swa_metadata.num_decodes],
-                attn_metadata.block_size // self.compress_ratio,
-                swa_metadata.is_valid_token[:num_tokens],
-            )
+            topk_slots, topk_lens = self._decode_topk_slots(swa_metadata, attn_metadata)
         sparse_mla_decode(
             q,
             self.swa_cache_layer.kv_cache,
@@ -188,12 +184,8 @@ class DeepseekV4AmpereSparseMLAAttention(DeepseekV4FlashMLAAttention):
         heads = self.n_local_heads
         head_dim = q.shape[-1]
         base = int(starts_cpu[num_decodes])
-        plan = swa_metadata.get_prefill_chunk_plan(
-            compress_ratio=self.compress_ratio,
-            prefill_chunk_size=self.PREFILL_CHUNK_SIZE,
-            has_compressed=not swa_only,
-        )
-        for req_start, req_end, n_compressed, row_stride in plan:
+        plan = self._prefill_chunk_plan(swa_metadata)
+        for chunk_no, (req_start, req_end, n_compressed, row_stride) in enumerate(plan):
             reqs = slice(req_start, req_end)
             kv, index_buf, length_buf = current_workspace_manager().get_simultaneous(
                 ((req_end - req_start, row_stride, head_dim), torch.bfloat16),
@@ -223,17 +215,13 @@ class DeepseekV4AmpereSparseMLAAttention(DeepseekV4FlashMLAAttention):
             tok_start = int(starts_cpu[num_decodes + req_start]) - base
             tok_end = int(starts_cpu[num_decodes + req_end]) - base
             n_tok = tok_end - tok_start
-            indices, lengths = combine_topk_swa_indices(
+            indices, lengths = self._prefill_indices(
+                swa_metadata,
+                chunk_no,
+                plan[chunk_no],
                 topk_rows[tok_start:tok_end],
-                starts[num_decodes + req_start : num_decodes + req_end + 1],
-                seq_lens[reqs],
-                gather_lens[reqs],
-                self.window_size,
-                self.compress_ratio,
                 top_k,
-                row_stride,
-                n_compressed,
-                out=(index_buf[:n_tok], length_buf[:n_tok]),
+                workspace=(index_buf[:n_tok], length_buf[:n_tok]),
             )
             sparse_mla_prefill(
                 q[tok_start:tok_end, :heads],
@@ -244,6 +232,161 @@ class DeepseekV4AmpereSparseMLAAttention(DeepseekV4FlashMLAAttention):
                 lengths,
                 out=output[tok_start:tok_end, :heads],
             )
+
+    # ------------------------------------------------------------ YOCO reuse (yoco.py)
+    # Each helper builds what vLLM's layer builds in every layer; within one forward
+    # pass the memo hands a later layer of the same sharing group the first layer's
+    # result (keys and invalidation rules: yoco.py). DEEPINFER_YOCO=0, or no forward
+    # context, builds in every layer as before.
+
+    def _decode_topk_slots(
+        self,
+        swa_metadata: DeepseekSparseSWAMetadata,
+        attn_metadata: DeepseekV4FlashMLAMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The index source wrote local compressed positions; the kernel wants slots."""
+        assert self.topk_indices_buffer is not None
+        assert swa_metadata.token_to_req_indices is not None
+        assert swa_metadata.is_valid_token is not None
+        num_tokens = swa_metadata.num_decode_tokens
+        num_decodes = swa_metadata.num_decodes
+        page = attn_metadata.block_size // self.compress_ratio
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
+            return compute_global_topk_indices_and_lens(
+                self.topk_indices_buffer[:num_tokens],
+                swa_metadata.token_to_req_indices,
+                attn_metadata.block_table[:num_decodes],
+                page,
+                swa_metadata.is_valid_token[:num_tokens],
+            )
+
+        role = yoco.LayerRole.of(self)
+        if not yoco.MEMO.active(role):
+            return build()
+        assert role is not None
+        return yoco.MEMO.get(
+            yoco.DECODE_TOPK,
+            yoco.DECODE_TOPK,
+            key=(
+                role.index_source,
+                getattr(self, "compressed_cache_prefix", None),
+                self.compress_ratio,
+                page,
+                num_tokens,
+                num_decodes,
+            ),
+            anchors=(
+                swa_metadata,
+                attn_metadata,
+                self.topk_indices_buffer,
+                swa_metadata.token_to_req_indices,
+                swa_metadata.is_valid_token,
+                attn_metadata.block_table,
+            ),
+            role=role,
+            build=build,
+            reads_topk=True,
+        )
+
+    def _prefill_chunk_plan(
+        self, swa_metadata: DeepseekSparseSWAMetadata
+    ) -> Sequence[tuple[int, int, int, int]]:
+        """vLLM's chunk plan (a CPU loop over the prefill requests); equal for every
+        layer of one compress ratio in a pass."""
+        has_compressed = self.compress_ratio != 0
+
+        def build() -> tuple[tuple[int, int, int, int], ...]:
+            return tuple(
+                swa_metadata.get_prefill_chunk_plan(
+                    compress_ratio=self.compress_ratio,
+                    prefill_chunk_size=self.PREFILL_CHUNK_SIZE,
+                    has_compressed=has_compressed,
+                )
+            )
+
+        role = yoco.LayerRole.of(self)
+        if not yoco.MEMO.active(role):
+            return build()
+        assert role is not None
+        return yoco.MEMO.get(
+            yoco.PREFILL_PLAN,
+            yoco.PREFILL_PLAN,
+            key=(self.compress_ratio, self.PREFILL_CHUNK_SIZE, has_compressed),
+            anchors=(swa_metadata,),
+            role=role,
+            build=build,
+            reads_topk=False,
+        )
+
+    def _prefill_indices(
+        self,
+        swa_metadata: DeepseekSparseSWAMetadata,
+        chunk_no: int,
+        chunk: tuple[int, int, int, int],
+        topk_rows: torch.Tensor,
+        top_k: int,
+        workspace: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chunk's combined (Top-K + SWA) index rows into its workspace rows.
+
+        Without reuse they go to the workspace, as in vLLM. With reuse they go to
+        tensors of their own (the workspace is handed to other ops between layers):
+        at most ``max_num_batched_tokens x round_up(top_k + window, 128)`` int32 per
+        step (20 MiB at 8192 tokens), held until the next group or pass replaces them.
+        """
+        req_start, req_end, n_compressed, row_stride = chunk
+        num_decodes = swa_metadata.num_decodes
+        starts = swa_metadata.query_start_loc
+        seq_lens = swa_metadata.prefill_seq_lens
+        gather_lens = swa_metadata.prefill_gather_lens
+        assert starts is not None and seq_lens is not None and gather_lens is not None
+
+        def build(
+            out: tuple[torch.Tensor, torch.Tensor] | None,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            return combine_topk_swa_indices(
+                topk_rows,
+                starts[num_decodes + req_start : num_decodes + req_end + 1],
+                seq_lens[req_start:req_end],
+                gather_lens[req_start:req_end],
+                self.window_size,
+                self.compress_ratio,
+                top_k,
+                row_stride,
+                n_compressed,
+                out=out,
+            )
+
+        role = yoco.LayerRole.of(self)
+        if not yoco.MEMO.active(role):
+            return build(workspace)
+        assert role is not None
+        return yoco.MEMO.get(
+            yoco.PREFILL_INDICES,
+            (yoco.PREFILL_INDICES, chunk_no),
+            key=(
+                role.index_source,
+                self.compress_ratio,
+                self.window_size,
+                top_k,
+                chunk,
+                swa_metadata.num_decode_tokens,
+                swa_metadata.num_prefill_tokens,
+                topk_rows.storage_offset(),
+                topk_rows.shape[0],
+            ),
+            anchors=(
+                swa_metadata,
+                self.topk_indices_buffer,
+                starts,
+                seq_lens,
+                gather_lens,
+            ),
+            role=role,
+            build=lambda: build(None),
+            reads_topk=self.compress_ratio != 0,
+        )
 
 
 # vLLM's selector, kept before the ledger rebinds the name in its module.

@@ -22,6 +22,15 @@ NUM_LAYERS = 40
 KV_SOURCES = (2, 8, 14, 20)
 INDEX_SOURCES = (2, 8, 14, 20, 24, 28, 32, 36)
 CANDIDATE_SOURCE = 20
+# Per decoder layer: 0 = sliding window only, 1 = full-length compressed, 2 = ratio 2.
+COMPRESS_RATIOS = (0, 0) + (2,) * 18 + (1,) * 20
+# Bytes per token of what the pipeline relay carries (vLLM 0.33.0 off SM100, as on
+# Ampere): the V4 compressed-KV record (--kv-cache-dtype fp8 -> fp8_ds_mla), the fp8
+# index-K entry, a candidate-block row (2048 int32) and a Top-K row (512 int32).
+RELAY_RECORD_BYTES = {"kv": 584, "index_k": 132, "candidates": 2048 * 4, "topk": 512 * 4}
+# What every stage boundary already carries: hidden_states [hc=4, 5120] bf16 + pre_mix
+# [4] fp32.
+BASELINE_PP_BYTES_PER_TOKEN = 4 * 5120 * 2 + 4 * 4
 
 
 @dataclass(frozen=True)
@@ -152,3 +161,93 @@ def legal_partitions(stages: int, capabilities: PluginCapabilities = PLUGIN_CAPA
         return [(NUM_LAYERS,)]
     walk(0, stages, [])
     return out
+
+
+@dataclass(frozen=True)
+class RelayItem:
+    """One thing the stage before ``cut`` hands to the stage starting at ``cut``.
+
+    ``kind``: "kv" (compressed-KV records of ``source``), "index_k" (its index-K
+    entries), "candidates" (candidate-block rows of the candidate source) or "topk"
+    (the Top-K rows the last index source before ``cut`` left for the layers after it).
+    """
+
+    cut: int
+    kind: str
+    source: int
+
+    @property
+    def key(self) -> str:
+        """The IntermediateTensors key the relay uses for it."""
+        return f"__dsv41pp.{self.kind}.{self.source}"
+
+
+def relay_plan(
+    partition: list[int] | tuple[int, ...],
+    *,
+    compress_ratios: tuple[int, ...] = COMPRESS_RATIOS,
+    kv_sources: tuple[int, ...] = KV_SOURCES,
+    index_sources: tuple[int, ...] = INDEX_SOURCES,
+    candidate_source: int = CANDIDATE_SOURCE,
+) -> dict[int, list[RelayItem]]:
+    """For every cut, what the pipeline relay must carry across it (empty when nothing).
+
+    A stage needs a source's caches when one of its layers reads them and the source
+    sits on an earlier stage. Every stage between the source and the last stage that
+    needs it keeps a mirror and forwards the records (multi-hop), so each boundary
+    carries what any later stage needs from before it. Top-K rows only cross into a
+    stage whose first layer reads an earlier index source's selection.
+    """
+    ranges = stage_layers(partition)
+    num_layers = ranges[-1].stop if ranges else 0
+
+    def ratio(layer: int) -> int:
+        return compress_ratios[layer] if layer < len(compress_ratios) else 0
+
+    def last_at_or_below(sources, layer):
+        below = [s for s in sources if s <= layer]
+        return max(below) if below else None
+
+    needs: list[set[tuple[str, int]]] = []
+    for r in ranges:
+        need: set[tuple[str, int]] = set()
+        for layer in r:
+            if ratio(layer) == 0:
+                continue
+            kv = last_at_or_below(kv_sources, layer)
+            if kv is not None and kv < r.start:
+                need.add(("kv", kv))
+            is_index = layer in index_sources
+            if is_index and layer not in kv_sources and kv is not None and kv < r.start:
+                need.add(("index_k", kv))
+            if is_index and 0 <= candidate_source < layer and candidate_source < r.start:
+                need.add(("candidates", candidate_source))
+        first = r.start
+        index = last_at_or_below(index_sources, first)
+        if ratio(first) > 0 and first not in index_sources and index is not None:
+            need.add(("topk", index))
+        needs.append(need)
+    plan: dict[int, list[RelayItem]] = {}
+    for i, r in enumerate(ranges[1:], start=1):
+        carried: set[tuple[str, int]] = set()
+        for later in needs[i:]:
+            carried |= {(k, s) for k, s in later if s < r.start and k != "topk"}
+        carried |= {(k, s) for k, s in needs[i] if k == "topk"}
+        plan[r.start] = [RelayItem(r.start, k, s) for k, s in sorted(carried, key=_item_order)]
+    assert all(cut < num_layers for cut in plan)
+    return plan
+
+
+def _item_order(item: tuple[str, int]) -> tuple[int, int]:
+    return (["kv", "index_k", "candidates", "topk"].index(item[0]), item[1])
+
+
+def relay_bytes_per_token(
+    partition: list[int] | tuple[int, ...], record_bytes: dict[str, int] | None = None
+) -> dict[int, int]:
+    """Extra bytes per token the relay adds at each cut (0 where nothing crosses)."""
+    widths = record_bytes or RELAY_RECORD_BYTES
+    return {
+        cut: sum(widths[item.kind] for item in items)
+        for cut, items in relay_plan(partition).items()
+    }

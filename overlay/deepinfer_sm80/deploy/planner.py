@@ -118,6 +118,9 @@ class Plan:
     components_gib: dict[str, float]
     nodes: list[dict] = field(default_factory=list)  # per node: GPUs, stages, host RAM
     replicas: int = 1  # independent copies; kv_tokens is per replica
+    # Pipeline relay: extra bytes per token each cut carries (first layer of the next
+    # stage -> bytes), on top of the hidden_states + pre_mix payload every cut carries.
+    relay_bytes_per_token: dict[int, int] = field(default_factory=dict)
 
 
 def plan(topo: Topology, gpu: str | None = None) -> Plan:
@@ -215,6 +218,7 @@ def plan(topo: Topology, gpu: str | None = None) -> Plan:
         components,
         node_rows,
         topo.replicas,
+        mt.relay_bytes_per_token(partition),
     )
 
 
@@ -241,6 +245,14 @@ def format_plan(p: Plan) -> str:
                 f"node {n['node']}: {n['gpus']} GPUs, stages {stages}, host RAM "
                 f"~{n['host_ram_gib']:.0f} GiB (Engram tables of the layers it holds)"
             )
+    if p.relay_bytes_per_token:
+        lines.append(
+            "pipeline payload per token at each cut: "
+            + "; ".join(
+                f"layer {cut}: {mt.BASELINE_PP_BYTES_PER_TOKEN:,} B + relay {extra:,} B"
+                for cut, extra in p.relay_bytes_per_token.items()
+            )
+        )
     lines.append(
         "weights by component (whole model, before TP/PP): "
         + "; ".join(f"{k} {v:.1f} GiB" for k, v in p.components_gib.items())

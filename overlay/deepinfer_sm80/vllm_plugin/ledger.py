@@ -184,6 +184,38 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="vLLM's inverse-RoPE kernel compiles for sm80",
     ),
     LedgerEntry(
+        name="mhc-fused-post-pre",
+        targets=(
+            f"{_V41}.nvidia.ops.mhc:mhc_fused_post_pre_delayed_tilelang",
+            "vllm.model_executor.kernels.mhc.tilelang:mhc_fused_post_pre_delayed_tilelang",
+        ),
+        replacement="deepinfer_sm80.ops.mhc:mhc_fused_post_pre_delayed",
+        reason="vLLM's Ampere mHC runs the prenorm GEMM unsplit on fp32 CUDA cores (DeepGEMM's "
+        "TF32 path is sm90+): ours splits it in 8 slices of 640 at every token count and "
+        "uses TF32 T.gemm from 16 tokens; 1.9-2.7x vs vLLM's strategy rebuilt (H200)",
+        remove_when="vLLM's Ampere mHC path splits the prenorm GEMM and uses Tensor Cores",
+    ),
+    LedgerEntry(
+        name="mhc-post",
+        targets=(
+            f"{_V41}.nvidia.model:mhc_post_tilelang",
+            f"{_V41}.nvidia.dspark:mhc_post_tilelang",
+            "vllm.model_executor.kernels.mhc.tilelang:mhc_post_tilelang",
+        ),
+        replacement="deepinfer_sm80.ops.mhc:mhc_post",
+        reason="the post mixing at Engram boundaries, the last layer and DSpark, in one pass "
+        "with a fixed fp32 operation order (bit-exact against its reference)",
+        remove_when="no Ampere-specific need: drop when it stops paying off",
+    ),
+    LedgerEntry(
+        name="kernel-warmup",
+        targets=("vllm.v1.worker.gpu_worker:warmup_kernels",),
+        replacement="deepinfer_sm80.vllm_plugin.warmup:warmup_kernels",
+        reason="compile (or load from the image's AOT folder) every mHC TileLang variant up to "
+        "max_num_batched_tokens before vLLM's own warmup, so no compile lands on a request",
+        remove_when="the mhc entries are removed",
+    ),
+    LedgerEntry(
         name="engram-lookup",
         targets=(f"{_V41}.common.engram:_engram_lookup_kernel",),
         replacement="deepinfer_sm80.ops.engram:engram_lookup_kernel_override",

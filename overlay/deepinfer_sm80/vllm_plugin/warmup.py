@@ -1,0 +1,60 @@
+"""Our kernels' warmup, run inside vLLM's own kernel warmup (before the server is ready).
+
+vLLM's worker calls ``warmup_kernels`` once the KV cache is sized and before it reports
+ready; its scheduler-realistic steps JIT-compile the Triton kernels they touch. The mHC
+TileLang kernels are compiled per token-count bucket, and those steps touch only a few
+buckets, so ours first compiles (or loads, seeding from the image's AOT folder) every
+variant up to ``max_num_batched_tokens`` and logs what it compiled and how long it took.
+Then vLLM's warmup runs unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from vllm.v1.worker.gpu.warmup import warmup_kernels as _vllm_warmup_kernels
+
+logger = logging.getLogger("deepinfer_sm80.warmup")
+
+
+def _mhc_model_config(hf_config):
+    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
+
+    default = MhcModelConfig()
+    return MhcModelConfig(
+        rms_norm_eps=getattr(hf_config, "rms_norm_eps", default.rms_norm_eps),
+        hc_eps=getattr(hf_config, "hc_eps", default.hc_eps),
+        sinkhorn_iters=getattr(hf_config, "hc_sinkhorn_iters", default.sinkhorn_iters),
+    )
+
+
+def warm_overlay_kernels(model_runner) -> list[dict]:
+    """Compile every mHC variant this server can launch. Returns the per-variant log."""
+    from deepinfer_sm80.ops.mhc.warmup import prepare_mhc_kernels
+
+    max_tokens = int(model_runner.scheduler_config.max_num_batched_tokens)
+    aot = os.environ.get("DEEPINFER_AOT_DIR")
+    aot_mhc = Path(aot) / "mhc" if aot else None
+    start = time.perf_counter()
+    records = prepare_mhc_kernels(
+        max_tokens,
+        aot_dir=aot_mhc if aot_mhc is not None and aot_mhc.is_dir() else None,
+        model=_mhc_model_config(model_runner.model_config.hf_config),
+        log=logger.info,
+    )
+    logger.info(
+        "deepinfer-sm80: %d mHC kernel variants ready in %.1f s (up to %d tokens)",
+        len(records),
+        time.perf_counter() - start,
+        max_tokens,
+    )
+    return records
+
+
+def warmup_kernels(model_runner, worker_execute_model, worker_sample_tokens) -> None:
+    """vLLM's ``warmup_kernels`` with our kernels compiled first (same signature)."""
+    warm_overlay_kernels(model_runner)
+    return _vllm_warmup_kernels(model_runner, worker_execute_model, worker_sample_tokens)

@@ -1,0 +1,53 @@
+"""The mHC microbenchmark (suite part2) lists its cases, checks outputs and judges its
+targets on a CPU machine (no CUDA, no kernel launch)."""
+
+import torch
+
+from benchmarks import microbench_sm80_part2 as bench
+from deepinfer_sm80.ops.mhc.inputs import NORM_EPS, model_like_inputs
+from deepinfer_sm80.ops.mhc.ref import fused_post_pre_delayed_ref
+
+
+def test_case_list_builds_without_a_gpu():
+    cases = bench.build_registry().cases(bench.SUITE)
+    names = [c.name for c in cases]
+    assert len(names) == len(set(names))
+    assert {"fused_T6", "fused_T12", "fused_T1024", "fused_T12_vs_torch"} <= set(names)
+    targets = {c.name: c.params.get("target_speedup") for c in cases}
+    assert targets["fused_T12"] == 2.5 and targets["fused_T6"] == 1.3
+    assert targets["fused_T12_vs_torch"] is None
+    for case in cases:
+        assert case.bytes_moved(None) > 100 * 1024 * case.params["T"]
+    assert not torch.cuda.is_initialized()
+
+
+def test_outputs_check_passes_equal_and_catches_a_wrong_coefficient():
+    inp = model_like_inputs(3, seed=2)
+    ref = fused_post_pre_delayed_ref(
+        *inp.positional(), pre_mix=inp.pre_mix, norm_weight=inp.norm_weight, norm_eps=NORM_EPS
+    )[:5]
+    assert bench.outputs_agree(ref, ref).ok
+    bad = list(ref)
+    bad[2] = bad[2].clone()
+    bad[2][1, 2, 3] += 3e-3
+    assert not bench.outputs_agree(ref, tuple(bad)).ok
+    bad = list(ref)
+    bad[3] = bad[3] * 1.05
+    assert not bench.outputs_agree(ref, tuple(bad)).ok
+
+
+def test_targets_are_judged_from_the_report():
+    report = {
+        "cases": [
+            {"case": "fused_T12", "params": {"target_speedup": 2.5}, "speedup": 2.7},
+            {"case": "fused_T6", "params": {"target_speedup": 1.3}, "speedup": 1.1},
+            {"case": "fused_T6x", "params": {"target_speedup": 1.3}},
+            {"case": "fused_T64", "params": {}, "speedup": 0.9},
+        ]
+    }
+    lines = bench.judge_targets(report)
+    assert lines == [
+        "fused_T12: 2.70x vs target 2.5x: PASS",
+        "fused_T6: 1.10x vs target 1.3x: MISS",
+        "fused_T6x: n/a vs target 1.3x: MISS",
+    ]

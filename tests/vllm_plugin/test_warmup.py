@@ -1,0 +1,51 @@
+"""The kernel-warmup ledger entry: our mHC variants compile before vLLM's own warmup."""
+
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+
+def _runner(max_tokens=8192):
+    hf = SimpleNamespace(rms_norm_eps=1e-6, hc_eps=1e-5, hc_sinkhorn_iters=7)
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
+        model_config=SimpleNamespace(hf_config=hf),
+    )
+
+
+def test_ours_runs_first_then_vllms(monkeypatch):
+    from deepinfer_sm80.vllm_plugin import warmup
+
+    calls = []
+    monkeypatch.setattr(warmup, "warm_overlay_kernels", lambda r: calls.append(("ours", r)))
+    monkeypatch.setattr(
+        warmup, "_vllm_warmup_kernels", lambda r, e, s: calls.append(("vllm", r, e, s))
+    )
+    runner = _runner()
+    warmup.warmup_kernels(runner, "exec", "sample")
+    assert calls == [("ours", runner), ("vllm", runner, "exec", "sample")]
+
+
+def test_mhc_warmup_gets_the_servers_sizes_model_constants_and_aot_folder(monkeypatch, tmp_path):
+    from deepinfer_sm80.ops.mhc import warmup as mhc_warmup
+    from deepinfer_sm80.vllm_plugin import warmup
+
+    seen = {}
+
+    def fake_prepare(max_tokens, aot_dir=None, model=None, log=None):
+        seen.update(max_tokens=max_tokens, aot_dir=aot_dir, model=model)
+        return [{"variant": "x"}]
+
+    monkeypatch.setattr(mhc_warmup, "prepare_mhc_kernels", fake_prepare)
+    (tmp_path / "mhc").mkdir()
+    monkeypatch.setenv("DEEPINFER_AOT_DIR", str(tmp_path))
+    assert warmup.warm_overlay_kernels(_runner(4096)) == [{"variant": "x"}]
+    assert seen["max_tokens"] == 4096 and seen["aot_dir"] == tmp_path / "mhc"
+    assert (seen["model"].rms_norm_eps, seen["model"].hc_eps) == (1e-6, 1e-5)
+    assert seen["model"].sinkhorn_iters == 7
+    monkeypatch.setenv("DEEPINFER_AOT_DIR", str(tmp_path / "absent"))
+    warmup.warm_overlay_kernels(_runner())
+    assert seen["aot_dir"] is None

@@ -293,11 +293,12 @@ def _indexer_launches() -> dict[str, list[Launch]]:
         # Decode rows of unequal length (chunked prefill below the decode threshold) are
         # packed before the logits kernel; V4.1's FP8 index Q is float8_e4m3fn.
         "vllm.v1.attention.ops.common:PackSeqTritonKernel.kernel": [
+            # The indexer-pack-seq ledger entry packs the fp8 index Q as bytes.
             Launch(
-                "fp8 index q",
+                "fp8 index q, packed as uint8 by vllm_plugin/pack_seq.py",
                 "vllm/model_executor/layers/sparse_attn_indexer.py:834",
-                {"x_ptr": "*fp8e4nv", "out_ptr": "*fp8e4nv", "lengths_ptr": _I32},
-                {"PAD_VALUE": float("-inf"), "PAD_IS_UINT8": False, "BLOCK_T": 64, "BLOCK_D": 64},
+                {"x_ptr": "*u8", "out_ptr": "*u8", "lengths_ptr": _I32},
+                {"PAD_VALUE": 0, "PAD_IS_UINT8": True, "BLOCK_T": 64, "BLOCK_D": 64},
                 num_stages=2,
             )
         ],

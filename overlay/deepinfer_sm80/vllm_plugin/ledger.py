@@ -216,6 +216,15 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="the mhc entries are removed",
     ),
     LedgerEntry(
+        name="indexer-pack-seq",
+        targets=("vllm.model_executor.layers.sparse_attn_indexer:pack_seq_triton",),
+        replacement="deepinfer_sm80.vllm_plugin.pack_seq:pack_seq_triton",
+        reason="with uneven decode rows the indexer pads its float8_e4m3fn queries with "
+        "pack_seq_triton, whose kernel types them *fp8e4nv (refused below sm89); ours packs "
+        "the same bytes through vLLM's uint8 path (pad byte 0; padded slots are masked)",
+        remove_when="vLLM's pack_seq_triton handles fp8 without fp8e4nv",
+    ),
+    LedgerEntry(
         name="engram-lookup",
         targets=(f"{_V41}.common.engram:_engram_lookup_kernel",),
         replacement="deepinfer_sm80.ops.engram:engram_lookup_kernel_override",

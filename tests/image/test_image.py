@@ -156,6 +156,11 @@ def test_aot_kernels_are_in_the_image():
     assert manifest["arches"] == ["sm_80", "sm_86"]
     assert manifest["kernels"] and all(k["error"] is None for k in manifest["kernels"])
     assert manifest["entries"]
+    out = _in_service("cat $DEEPINFER_AOT_DIR/mhc/manifest.json")
+    assert out.returncode == 0, out.stderr
+    mhc = json.loads(out.stdout)
+    assert mhc["arches"] == ["sm_80", "sm_86"]
+    assert mhc["kernels"] and all(k["error"] is None for k in mhc["kernels"])
 
 
 def test_launcher_renders_or_refuses_in_the_image():

@@ -1,5 +1,11 @@
-"""``make bench``: every microbenchmark suite, then the charts when matplotlib exists."""
+"""``make bench``: every microbenchmark suite, then the charts when matplotlib exists.
 
+python -m benchmarks.run_all                     # all suites
+python -m benchmarks.run_all --suite part2 --suite indexer
+"""
+
+import argparse
+import importlib.util
 import sys
 
 from benchmarks import (
@@ -11,20 +17,38 @@ from benchmarks import (
 )
 from benchmarks.runner import main_for_suite
 
-SUITES = (
-    (microbench_sm80_kernels.SUITE, microbench_sm80_kernels.build_registry),
-    (microbench_sm80_part2.SUITE, microbench_sm80_part2.build_registry),
-    (microbench_sm80_part3.SUITE, microbench_sm80_part3.build_registry),
-    (microbench_sm80_indexer.SUITE, microbench_sm80_indexer.build_registry),
-    (microbench_sm80_o_proj.SUITE, microbench_sm80_o_proj.build_registry),
-)
+SUITES = {
+    microbench_sm80_kernels.SUITE: microbench_sm80_kernels.build_registry,
+    microbench_sm80_part2.SUITE: microbench_sm80_part2.build_registry,
+    microbench_sm80_part3.SUITE: microbench_sm80_part3.build_registry,
+    microbench_sm80_indexer.SUITE: microbench_sm80_indexer.build_registry,
+    microbench_sm80_o_proj.SUITE: microbench_sm80_o_proj.build_registry,
+}
+# Suites whose kernels need more than torch + triton.
+NEEDS = {microbench_sm80_part2.SUITE: "tilelang"}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--suite", action="append", choices=sorted(SUITES), help="repeatable")
+    p.add_argument("--no-charts", action="store_true")
+    args = p.parse_args(argv)
     rc = 0
-    for suite, build in SUITES:
-        rc |= main_for_suite(suite, build())
-    return rc
+    for suite in args.suite or list(SUITES):
+        need = NEEDS.get(suite)
+        if need and importlib.util.find_spec(need) is None:
+            print(f"[{suite}] not run: needs `{need}` in this Python (pip install it)")
+            rc = 1
+            continue
+        rc |= main_for_suite(suite, SUITES[suite]())
+    if args.no_charts:
+        return rc
+    if importlib.util.find_spec("matplotlib") is None:
+        print("charts not drawn: matplotlib is not installed (make charts PYTHON=... later)")
+        return rc
+    from benchmarks import generate_charts
+
+    return rc | generate_charts.main([])
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ down:
 
 up-node:
 	@test -f "$(NODE_ENV)" || { echo "NODE_ENV=path/to/nodeN.env (see configs/nodes/)"; exit 2; }
-	$(COMPOSE) -f compose.multinode.yaml --env-file $(NODE_ENV) up -d
+	@# The node's env file is the source of truth: drop the single-node values make exports.
+	env -u TOPOLOGY -u GPU_COUNT $(COMPOSE) -f compose.multinode.yaml --env-file $(NODE_ENV) up -d
 
 monitoring:
 	$(COMPOSE) --profile observability up -d prometheus grafana

@@ -24,8 +24,10 @@ COMPOSE = ["docker", "compose", "-p", PROJECT, "-f", "compose.yaml", "-f", "comp
 TOPOLOGIES = sorted(p.stem for p in (ROOT / "configs" / "topologies").glob("*.yaml"))
 
 
-def _run(argv, env=None, timeout=600, check=False):
+def _run(argv, env=None, timeout=600, check=False, drop=()):
     full_env = {**os.environ, "IMAGE": IMAGE, **(env or {})}
+    for key in drop:  # e.g. what `make` exports, which would override an --env-file
+        full_env.pop(key, None)
     out = subprocess.run(
         argv, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
     )
@@ -87,7 +89,8 @@ def test_compose_config_validates_with_the_observability_profile():
 def test_multinode_compose_config_validates_per_node(rank):
     env_file = f"configs/nodes/node{rank}.env.example"
     out = _run(["docker", "compose", "-f", "compose.multinode.yaml", "--env-file", env_file,
-                "config", "--format", "json"], check=True)  # fmt: skip
+                "config", "--format", "json"], check=True,
+               drop=("TOPOLOGY", "GPU_COUNT"))  # fmt: skip
     svc = json.loads(out.stdout)["services"]["deepinfer"]
     assert svc["network_mode"] == "host" and svc["ipc"] == "host"
     assert svc["environment"]["NODE_RANK"] == str(rank)
@@ -95,6 +98,14 @@ def test_multinode_compose_config_validates_per_node(rank):
     assert int(svc["deploy"]["resources"]["reservations"]["devices"][0]["count"]) == 4
     mode = "--live" if rank == 0 else "--worker"
     assert svc["healthcheck"]["test"][-1] == mode
+
+
+def test_make_up_node_lets_the_env_file_decide():
+    """`make` exports TOPOLOGY/GPU_COUNT for single-node use; up-node must not pass them on
+    (compose prefers the shell's values over --env-file)."""
+    out = _run(["make", "-n", "up-node", "NODE_ENV=configs/nodes/node1.env.example"],
+               env={"TOPOLOGY": "tp2-pp3"}, check=True)  # fmt: skip
+    assert "env -u TOPOLOGY -u GPU_COUNT docker compose -f compose.multinode.yaml" in out.stdout
 
 
 def test_router_profile_renders():

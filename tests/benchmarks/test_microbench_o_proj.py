@@ -7,6 +7,7 @@ from benchmarks import microbench_sm80_o_proj as bench
 
 
 def test_case_list_builds_without_a_gpu():
+    cuda_before = torch.cuda.is_initialized()  # other GPU-tier tests may have started it
     cases = bench.build_registry().cases(bench.SUITE)
     names = [c.name for c in cases]
     assert len(names) == len(set(names)) >= 20
@@ -17,13 +18,14 @@ def test_case_list_builds_without_a_gpu():
         assert case.params["heads"] * case.params["tp"] == 64
         if case.name.startswith("o_proj_a"):
             assert case.flops
-    assert not torch.cuda.is_initialized()
+    assert torch.cuda.is_initialized() == cuda_before, "building the cases touched CUDA"
 
 
-def test_smallest_cases_check_on_cpu():
+def test_smallest_cases_check(device):
     """Candidate and baseline agree as the runner checks them (before any timing);
-    a corrupted candidate is caught."""
-    registry = bench.build_registry(device="cpu")
+    a corrupted candidate is caught. On the test device: the interpreter on CPU, or the
+    GPU under `make test-gpu`."""
+    registry = bench.build_registry(device=str(device))
     for name in ("inv_rope_tp1_T1", "o_proj_a_tp2_T1"):
         (case,) = [c for c in registry.cases(bench.SUITE) if c.name == name]
         state = case.setup()

@@ -8,6 +8,10 @@
   (``sm80_launch_configs``), within the arch's opt-in shared memory (``arch.ArchLimits``).
   Reports are cached per spec, keyed by the spec, the kernel's source and the vLLM and
   Triton versions, so a repeated run compiles only what changed.
+- vLLM's TileLang kernels compile ahead of time for sm_80 and sm_86 with an explicit
+  TileLang target at the specializations V4.1 compiles (the TileLang table in
+  ``sm80_launch_configs``), within the arch's opt-in shared memory, without spills and
+  within the register file; cached like the Triton reports.
 - Library custom ops have device code for sm_80 and sm_86 in the shared library that
   defines them (``cubin_inventory``).
 - ``coverage_report`` lists every kernel and op found, with what became of it.
@@ -19,6 +23,11 @@ import functools
 import hashlib
 import importlib
 import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -71,6 +80,9 @@ def aot_specs(coverage: Coverage) -> tuple[list[KernelSpec], list[str]]:
     problems: list[str] = []
     wanted = {**coverage.kernels_to_check, **known_gaps(coverage)}
     for kid, kernel in sorted(wanted.items()):
+        if kernel.kind == "tilelang" and not kernel.is_ours:
+            problems += _tilelang_entry_problems(kid, kernel)
+            continue
         if kernel.kind != "triton":
             problems.append(
                 f"{kid} ({kernel.where}): a {kernel.kind} kernel on the path; this test "
@@ -130,7 +142,7 @@ def _same_kernel(walk: Walk, spec_kernel: str, kernel_id: str) -> bool:
 def stale_table_entries(coverage: Coverage) -> list[str]:
     """Launch table entries for kernels that are no longer compiled here."""
     wanted = set(coverage.kernels_to_check) | set(known_gaps(coverage))
-    return sorted(set(table.VLLM_LAUNCHES) - wanted)
+    return sorted((set(table.VLLM_LAUNCHES) | set(table.VLLM_TILELANG_LAUNCHES)) - wanted)
 
 
 def _spec_key(spec: KernelSpec, index: SourceIndex) -> str:
@@ -200,6 +212,295 @@ def limit_problems(reports: list[FitReport], ours: set[str]) -> list[str]:
             problems.append(
                 f"{r.label} on {r.arch}: {r.shared_bytes} B shared memory > {limit} B "
                 f"({by_arch[r.arch].name} opt-in limit)"
+            )
+    return problems
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM's TileLang kernels: specs, compilation (cached, in subprocesses), limits
+
+
+@dataclass(frozen=True)
+class TileLangSpec:
+    """One specialization of a vLLM ``tilelang.jit`` kernel to compile for Ampere."""
+
+    label: str
+    kernel: str  # "module:attr" of the JIT kernel
+    params: dict  # its keyword (compile-time) parameters
+    tensors: tuple = ()  # (dtype, shape) stand-ins for its leading tensor arguments
+
+
+def tilelang_params(kernel: KernelSite) -> list[tuple[str, str | None, str | None]]:
+    return [(p.name, p.annotation, p.default) for p in kernel.params]
+
+
+def _tilelang_entry_problems(kid: str, kernel: KernelSite) -> list[str]:
+    if kid not in table.VLLM_TILELANG_LAUNCHES:
+        return [
+            f"{kid} ({kernel.where}): a TileLang kernel newly on the path, with no launches "
+            "in VLLM_TILELANG_LAUNCHES (deepinfer_sm80/testing/sm80_launch_configs.py): "
+            "read its call site and add them (or allowlist the kernel with a reason)"
+        ]
+    return table.tilelang_table_problems(kid, tilelang_params(kernel))
+
+
+def tilelang_specs(coverage: Coverage) -> tuple[list[TileLangSpec], list[str]]:
+    """TileLangSpecs for every vLLM TileLang kernel to check (and every TileLang known
+    gap), and what keeps one from having specs."""
+    specs: list[TileLangSpec] = []
+    problems: list[str] = []
+    wanted = {**coverage.kernels_to_check, **known_gaps(coverage)}
+    for kid, kernel in sorted(wanted.items()):
+        if kernel.kind != "tilelang" or kernel.is_ours:
+            continue
+        entry_problems = _tilelang_entry_problems(kid, kernel)
+        if entry_problems:
+            problems += entry_problems
+            continue
+        module, _, attr = kid.partition(":")
+        for launch in table.VLLM_TILELANG_LAUNCHES[kid]:
+            specs.append(
+                TileLangSpec(
+                    label=f"{module.rsplit('.', 1)[-1]}:{attr}[{launch.variant}]",
+                    kernel=kid,
+                    params=dict(launch.params),
+                    tensors=tuple((d, tuple(shape)) for d, shape in launch.tensors),
+                )
+            )
+    return specs, problems
+
+
+def _tilelang_spec_key(spec: TileLangSpec, index: SourceIndex) -> str:
+    """Cache key: the spec, the kernel's module source and vLLM's TileLang setup (pass
+    configs), the vLLM, TileLang and nvcc in use."""
+    module = spec.kernel.partition(":")[0]
+    parts = [json.dumps(asdict(spec), sort_keys=True, default=str)]
+    for name in (module, "vllm.tilelang_utils"):
+        info = index.info(name)
+        parts.append(info.source_sha if info else name)
+    parts += [version("tilelang"), version("vllm"), _nvcc_version()]
+    return "tl-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def _nvcc_version() -> str:
+    from tilelang.contrib import nvcc
+
+    compiler = nvcc.get_nvcc_compiler()
+    try:
+        run = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return f"{compiler}: {exc}"
+    return f"{compiler}: {run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ''}"
+
+
+def compile_tilelang_cached(
+    specs: list[TileLangSpec],
+    cache_dir: Path | None,
+    index: SourceIndex,
+    jobs: int = 2,
+    timeout_s: float = 900,
+) -> list[FitReport]:
+    """Compile every spec for sm_80 and sm_86 (reports in that order, per spec), reusing
+    reports cached under ``cache_dir`` and compiling the rest in ``jobs`` subprocesses."""
+    ccs = [a.capability[0] * 10 + a.capability[1] for a in AMPERE_ARCHES]
+    keys = [_tilelang_spec_key(s, index) for s in specs]
+    reports: dict[int, list[FitReport]] = {}
+    for i, key in enumerate(keys):
+        cached = cache_dir / f"{key}.json" if cache_dir else None
+        if cached is not None and cached.is_file():
+            reports[i] = [FitReport(**r) for r in json.loads(cached.read_text())]
+    units = [(i, cc) for i in range(len(specs)) if i not in reports for cc in ccs]
+    chunks = [units[j::jobs] for j in range(jobs) if units[j::jobs]]
+    with ThreadPoolExecutor(max_workers=max(1, len(chunks))) as pool:
+        results = pool.map(
+            lambda chunk: _compile_tilelang_subprocess(
+                [(specs[i], cc) for i, cc in chunk], timeout_s
+            ),
+            chunks,
+        )
+        fresh: dict[tuple[int, int], FitReport] = {}
+        for chunk, chunk_reports in zip(chunks, results, strict=True):
+            fresh.update(zip(chunk, chunk_reports, strict=True))
+    for i in {i for i, _ in units}:
+        reports[i] = [fresh[(i, cc)] for cc in ccs]
+        if cache_dir is not None:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            (cache_dir / f"{keys[i]}.json").write_text(json.dumps([asdict(r) for r in reports[i]]))
+    return [r for i in range(len(specs)) for r in reports[i]]
+
+
+def _compile_tilelang_subprocess(
+    units: list[tuple[TileLangSpec, int]], timeout_s: float
+) -> list[FitReport]:
+    """``_compile_tilelang_here`` in a process of its own: it re-executes vLLM's TileLang
+    modules on a stand-in CUDA platform, which must not leak into the caller. A private
+    TileLang cache makes every compile fresh, so each kernel keeps its lowered module (the
+    dynamic shared memory size is read there)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    payload = json.dumps([[asdict(spec), cc] for spec, cc in units])
+    with tempfile.TemporaryDirectory(prefix="tilelang-aot-") as cache:
+        env["TILELANG_CACHE_DIR"] = cache
+        run = subprocess.run(
+            [sys.executable, "-m", "deepinfer_sm80.testing.sm80_coverage_proof"],
+            input=payload,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout_s,
+            check=False,
+        )
+    if run.returncode != 0:
+        raise RuntimeError(f"TileLang AOT compile subprocess failed:\n{run.stderr[-4000:]}")
+    return [FitReport(**r) for r in json.loads(run.stdout.strip().splitlines()[-1])]
+
+
+_LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\((\d+)")
+
+
+class _Lowered:
+    """What our mHC package's ``_dynamic_smem_bytes`` asks of a kernel variant when the
+    kernel has no lowered module of its own (loaded from TileLang's disk cache)."""
+
+    def __init__(self, func, pass_configs: dict) -> None:
+        self._func = func
+        self._pass_configs = pass_configs
+
+    def build(self):
+        return self._func
+
+    def pass_configs(self) -> dict:
+        return self._pass_configs
+
+
+def _tilelang_nvcc_flags(pass_configs: dict) -> list[str]:
+    """The device flags TileLang's CUDA compile derives from the pass configs
+    (``tilelang.engine.lower.tilelang_callback_cuda_compile``), so that ptxas -v measures
+    the kernel TileLang builds."""
+    import shlex
+
+    from tilelang import PassConfigKey
+
+    flags: list[str] = []
+    extra = pass_configs.get(PassConfigKey.TL_DEVICE_COMPILE_FLAGS)
+    if extra:
+        flags += shlex.split(extra) if isinstance(extra, str) else [str(f) for f in extra]
+    if pass_configs.get(PassConfigKey.TL_ENABLE_FAST_MATH):
+        flags.append("--use_fast_math")
+    level = pass_configs.get(PassConfigKey.TL_PTXAS_REGISTER_USAGE_LEVEL)
+    if level is not None:
+        flags.append(f"--ptxas-options=--register-usage-level={int(level)}")
+    return flags
+
+
+def _compile_tilelang_here(units: list[tuple[TileLangSpec, int]]) -> list[FitReport]:
+    """Compile each spec for ``sm_{cc}`` with vLLM's own JIT kernel, as a CUDA sm_80
+    process builds it (``vllm_on_sm80``: CUDA pass configs, no PDL), and measure it the
+    way our mHC package measures its TileLang kernels."""
+    import tilelang
+    import torch
+    from vllm.model_executor.warmup.jit_warmup_tilelang_helper import (
+        make_tilelang_warmup_tensor,
+    )
+
+    # Private helpers of ops/mhc/warmup.py, imported rather than copied so that vLLM's
+    # TileLang kernels and ours are measured by one piece of code.
+    from deepinfer_sm80.ops.mhc.compile import cuda_target
+    from deepinfer_sm80.ops.mhc.warmup import (
+        _PTXAS_REGS,
+        _PTXAS_SMEM,
+        _PTXAS_SPILL,
+        _dynamic_smem_bytes,
+        _ptxas_verbose,
+    )
+    from deepinfer_sm80.testing.vllm_on_sm80 import reimport_on_cuda
+
+    # tilelang_utils first: the kernel modules take T, tilelang and the pass configs
+    # from it when they are re-executed
+    reimport_on_cuda("vllm.tilelang_utils")
+    modules: dict = {}
+    reports = []
+    for spec, cc in units:
+        arch = f"sm_{cc}"
+        try:
+            module_name, _, attr = spec.kernel.partition(":")
+            if module_name not in modules:
+                modules[module_name] = reimport_on_cuda(module_name)
+            module = modules[module_name]
+            if getattr(module, "ENABLE_PDL", False):
+                raise RuntimeError("the stand-in sm_80 platform enabled PDL (sm_90+ only)")
+            jit = getattr(module, attr)
+            tensors = [
+                make_tilelang_warmup_tensor(getattr(torch, dtype), *shape)
+                for dtype, shape in spec.tensors
+            ]
+            func = jit.get_tir(*tensors, **spec.params)
+            target = cuda_target(cc)
+            pass_configs = dict(jit.pass_configs or {})
+            kernel = tilelang.compile(
+                func,
+                target=target,
+                execution_backend=jit.execution_backend,
+                pass_configs=pass_configs,
+                compile_flags=jit.compile_flags,
+            )
+            source = kernel.get_kernel_source()
+            text = _ptxas_verbose(source, cc, _tilelang_nvcc_flags(pass_configs))
+            regs = _PTXAS_REGS.search(text)
+            spill = _PTXAS_SPILL.search(text)
+            static = _PTXAS_SMEM.search(text)
+            if regs is None or spill is None:
+                raise RuntimeError(f"could not parse ptxas -v output: {text.strip()[-1000:]}")
+            smem = _dynamic_smem_bytes(kernel, _Lowered(func, pass_configs), target)
+            threads = _LAUNCH_BOUNDS.search(source)
+            reports.append(
+                FitReport(
+                    spec.label,
+                    arch,
+                    smem + (int(static.group(1)) if static else 0),
+                    int(regs.group(1)),
+                    int(spill.group(1)),
+                    int(spill.group(2)),
+                    threads=int(threads.group(1)) if threads else 0,
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 -- every failure becomes a report line
+            msg = f"{type(exc).__name__}: {exc}"
+            reports.append(FitReport(spec.label, arch, None, None, None, None, error=msg[:2000]))
+    return reports
+
+
+REGISTERS_PER_SM = 65536  # sm80 and sm86 alike
+
+
+def tilelang_limit_problems(reports: list[FitReport]) -> list[str]:
+    """vLLM's TileLang kernels: a failed compile, shared memory over the arch's opt-in
+    limit per block (``arch.ArchLimits``), any spill, or a CTA whose registers do not fit
+    the register file (the launch would fail)."""
+    by_arch = {f"sm_{a.capability[0]}{a.capability[1]}": a for a in AMPERE_ARCHES}
+    problems = []
+    for r in reports:
+        where = f"{r.label} on {r.arch}"
+        if r.error is not None:
+            problems.append(f"{where}: compile failed: {r.error}")
+            continue
+        limit = by_arch[r.arch].optin_smem_per_block_bytes
+        if r.shared_bytes > limit:
+            problems.append(
+                f"{where}: {r.shared_bytes} B shared memory > {limit} B "
+                f"({by_arch[r.arch].name} opt-in limit)"
+            )
+        if r.spill_store_bytes or r.spill_load_bytes:
+            problems.append(
+                f"{where}: spills ({r.spill_store_bytes} B stores, "
+                f"{r.spill_load_bytes} B loads) at {r.registers} registers"
+            )
+        if not r.threads:
+            problems.append(f"{where}: no __launch_bounds__ in the generated source")
+        elif r.registers * r.threads > REGISTERS_PER_SM:
+            problems.append(
+                f"{where}: {r.registers} registers x {r.threads} threads > "
+                f"{REGISTERS_PER_SM} registers per SM: the launch fails"
             )
     return problems
 
@@ -404,3 +705,18 @@ def format_coverage(report: dict) -> str:
         lines.append(f"  {o['status'][:34]:34} {o['op']}{where}")
     lines.append("counts: " + ", ".join(f"{k}={v}" for k, v in report["counts"].items()))
     return "\n".join(lines)
+
+
+def _main() -> None:
+    """Subprocess entry of ``compile_tilelang_cached``: JSON [[spec, cc], ...] on stdin,
+    the reports as one JSON line on stdout."""
+    units = [
+        (TileLangSpec(**{**spec, "tensors": tuple(tuple(t) for t in spec["tensors"])}), cc)
+        for spec, cc in json.loads(sys.stdin.read())
+    ]
+    reports = _compile_tilelang_here(units)
+    print(json.dumps([asdict(r) for r in reports]))
+
+
+if __name__ == "__main__":
+    _main()

@@ -20,6 +20,10 @@ compile as an ``i32``). Call sites of ``VllmJitKernel`` owners point at their
 ``__call__``. ``tests/testing/test_sm80_coverage.py`` fails when a kernel on the path has
 no entry, when an entry's kernel is no longer on the path, and when an entry
 names an argument the kernel does not have or misses a constexpr it has.
+
+``VLLM_TILELANG_LAUNCHES`` does the same for vLLM's TileLang kernels on the path: the
+compile-time parameters of each specialization V4.1 compiles on SM8x, checked against
+vLLM's own dispatch and JIT-warmup keys (``tilelang_dispatch_problems``).
 """
 
 from __future__ import annotations
@@ -695,3 +699,255 @@ def kernel_specs(kernel_id: str, params: list[ParamInfo]) -> list[KernelSpec]:
             )
         )
     return specs
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM's TileLang kernels on the path: the specializations DeepSeek-V4.1 compiles on SM8x
+
+
+@dataclass(frozen=True)
+class TileLangLaunch:
+    """One specialization of a ``tilelang.jit`` kernel that V4.1 compiles on SM8x.
+
+    ``params`` are the kernel's keyword (compile-time) parameters as vLLM passes them.
+    ``tensors`` are stand-ins for its leading tensor arguments, ``(dtype, shape)``, for a
+    kernel whose TileLang signature binds them (vLLM's compile-only warmup passes such
+    stand-ins too); empty for a kernel that declares its tensors in its body.
+    """
+
+    variant: str
+    call_site: str
+    params: dict[str, int | float | bool | str]
+    tensors: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+
+# DeepSeek-V4.1-Flash (shared/docs/vllm-0.33-deepseek-v41.md, "mHC" and "Backbone" rows)
+_HIDDEN = 5120
+_HC = 4
+_MIX = _HC * (_HC + 2)  # 24 mix rows
+_HC_STREAM = _HC * _HIDDEN  # the projection input of every sublayer but the first
+_TL_PRE = "vllm/model_executor/kernels/mhc/tilelang.py"
+_V41_WARMUP = "vllm/models/deepseek_v41/nvidia/model.py:423"
+_EPILOGUE_CONSTANTS = {
+    "hidden_size": _HIDDEN,
+    "hc_mult": _HC,
+    "rms_eps": 1e-20,  # config.rms_norm_eps
+    "hc_pre_eps": 1e-6,  # config.hc_eps
+    "hc_sinkhorn_eps": 1e-6,  # config.hc_eps
+    "hc_post_mult_value": 2.0,  # hard-coded in the decoder layer
+    "sinkhorn_repeat": 20,  # config.hc_sinkhorn_iters
+    "save_pre_mix": True,
+}
+
+# The prenorm GEMM at the token-count buckets HcPrenormGemmTileLangKernel.dispatch picks
+# with vLLM's defaults and n_splits 1 (no DeepGEMM on SM8x): below 128 tokens a 1024-thread
+# block over 4 mix rows, 128..1023 tokens 512 threads over 12 rows, from 1024 tokens the
+# two-tokens-per-program kernel. mhc_pre_delayed_tilelang calls it with hidden_size =
+# the projection width and hc_mult 1: 5120 for the first layer (the broadcast embedding),
+# 20480 for an Engram layer (the full hc stream).
+_GEMM_BUCKETS = {  # tokens the stand-in tensors carry -> (n_thr, tile_n)
+    1: (1024, 4),
+    128: (512, 12),
+}
+
+
+def _prenorm_gemm_tensors(tokens: int, width: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return (
+        ("bfloat16", (tokens, width)),  # x
+        ("float32", (_MIX, width)),  # fn
+        ("float32", (1, tokens, _MIX)),  # out (n_splits 1)
+        ("float32", (1, tokens)),  # sqrsum
+    )
+
+
+def _tilelang_launches() -> dict[str, list[TileLangLaunch]]:
+    gemm = f"{_TL_PRE}:162"
+    widths = {"first layer": _HIDDEN, "engram layer": _HC_STREAM}
+    prenorm = [
+        TileLangLaunch(
+            f"{where}, {'<128' if tokens == 1 else '128..1023'} tokens",
+            gemm,
+            {
+                "hidden_size": width,
+                "hc_mult": 1,
+                "n_out": _MIX,
+                "n_thr": n_thr,
+                "tile_n": tile_n,
+                "n_splits": 1,
+            },
+            _prenorm_gemm_tensors(tokens, width),
+        )
+        for where, width in widths.items()
+        for tokens, (n_thr, tile_n) in _GEMM_BUCKETS.items()
+    ]
+    prenorm_block_m = [
+        TileLangLaunch(
+            f"{where}, >=1024 tokens",
+            gemm,
+            {
+                "hidden_size": width,
+                "hc_mult": 1,
+                "n_out": _MIX,
+                "n_thr": 512,
+                "tile_n": 12,
+                "block_m": 2,
+            },
+            _prenorm_gemm_tensors(1024, width),
+        )
+        for where, width in widths.items()
+    ]
+    # The epilogue with the fused RMSNorm: every V4.1 call of mhc_pre_delayed_tilelang
+    # passes norm_weight, so it runs MHC_PRE_NORM_KERNEL. What the decoder layer's JIT
+    # warmup compiles at startup (enable_jit_warmup is on by default): the broadcast
+    # embedding (rms_numel 5120, no pre-mix in), the hc stream without and with the
+    # carried pre-mix, and with the aux output DSpark reads (speculative decoding is on
+    # in our topologies); each hc-stream variant at n_splits 1 (no DeepGEMM) and 8 (what
+    # the fused post + pre-norm GEMM picks, mhc_fused_post_pre_splits). The runtime keys
+    # of mhc_pre_delayed_tilelang (n_splits 1) are among them.
+    norm_keys = [("broadcast embedding", _HIDDEN, False, False, 1)]
+    for splits in (1, 8):
+        norm_keys += [
+            (f"hc stream, splits {splits}", _HC_STREAM, False, False, splits),
+            (f"hc stream + pre-mix, splits {splits}", _HC_STREAM, True, False, splits),
+            (f"hc stream + pre-mix + aux, splits {splits}", _HC_STREAM, True, True, splits),
+        ]
+    with_norm = [
+        TileLangLaunch(
+            variant,
+            _V41_WARMUP if splits != 1 or aux else f"{_TL_PRE}:173",
+            {
+                **_EPILOGUE_CONSTANTS,
+                "norm_eps": 1e-20,  # attn_norm/ffn_norm variance_epsilon = rms_norm_eps
+                "n_splits": splits,
+                "use_pre_mix_in": pre_mix,
+                "rms_numel": numel,
+                "split_mode": "fused",
+                "write_aux": aux,
+            },
+        )
+        for variant, numel, pre_mix, aux, splits in norm_keys
+    ]
+    # Without the norm: reached by mhc_pre_delayed_tilelang when norm_weight is None,
+    # which no V4.1 call does; compiled at what that call would pass.
+    without_norm = [
+        TileLangLaunch(
+            variant,
+            f"{_TL_PRE}:199",
+            {
+                **_EPILOGUE_CONSTANTS,
+                "n_splits": 1,
+                "use_pre_mix_in": pre_mix,
+                "rms_numel": numel,
+                "write_aux": False,
+            },
+        )
+        for variant, numel, pre_mix in (
+            ("broadcast embedding", _HIDDEN, False),
+            ("hc stream + pre-mix", _HC_STREAM, True),
+        )
+    ]
+    module = "vllm.model_executor.kernels.mhc.tilelang_kernels"
+    return {
+        f"{module}:hc_prenorm_gemm_tilelang": prenorm,
+        f"{module}:hc_prenorm_gemm_block_m_tilelang": prenorm_block_m,
+        f"{module}:mhc_pre_big_fuse_with_norm_tilelang": with_norm,
+        f"{module}:mhc_pre_big_fuse_tilelang": without_norm,
+    }
+
+
+VLLM_TILELANG_LAUNCHES: dict[str, list[TileLangLaunch]] = _tilelang_launches()
+
+# A TileLang kernel parameter as the walk reads it: (name, annotation source, default).
+TileLangParam = tuple[str, "str | None", "str | None"]
+
+
+def tilelang_table_problems(kernel_id: str, params: list[TileLangParam]) -> list[str]:
+    """What is wrong with the table's entry for a TileLang kernel: names the kernel does
+    not have, annotated (compile-time) parameters with no value and no default, tensor
+    stand-ins that do not match the kernel's leading tensor parameters."""
+    problems = []
+    names = {p[0] for p in params}
+    tensor_params = [name for name, annotation, _ in params if annotation is None]
+    for launch in VLLM_TILELANG_LAUNCHES.get(kernel_id, []):
+        where = f"{kernel_id} [{launch.variant}]"
+        unknown = set(launch.params) - names
+        if unknown:
+            problems.append(f"{where}: the kernel has no parameters {sorted(unknown)}")
+        for name, annotation, default in params:
+            if annotation is not None and default is None and name not in launch.params:
+                problems.append(f"{where}: parameter {name} has no value")
+        if launch.tensors and len(launch.tensors) != len(tensor_params):
+            problems.append(
+                f"{where}: {len(launch.tensors)} tensor stand-ins for the tensor parameters "
+                f"{tensor_params}"
+            )
+    return problems
+
+
+_GEMM_KERNELS = ("hc_prenorm_gemm_tilelang", "hc_prenorm_gemm_block_m_tilelang")
+
+
+def tilelang_dispatch_problems() -> list[str]:
+    """Where the table and vLLM's own selection disagree: every compile key vLLM's
+    dispatch picks for V4.1 on SM8x must be a launch in the table. Imports vLLM."""
+    from dataclasses import asdict
+
+    from vllm.model_executor.kernels.mhc import tilelang_kernels
+    from vllm.model_executor.kernels.mhc.tilelang_kernels import (
+        _HC_PRENORM_GEMM_TILELANG_KERNEL,
+        mhc_fused_post_pre_splits,
+    )
+    from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
+
+    module = "vllm.model_executor.kernels.mhc.tilelang_kernels"
+    tabled = {
+        (kid.partition(":")[2], tuple(sorted(launch.params.items())))
+        for kid, launches in VLLM_TILELANG_LAUNCHES.items()
+        for launch in launches
+    }
+    wanted: list[tuple[str, dict]] = []
+    for width in (_HIDDEN, _HC_STREAM):
+        for tokens in (1, 127, 128, 1023, 1024, 8192):
+            key = _HC_PRENORM_GEMM_TILELANG_KERNEL.dispatch(
+                num_tokens=tokens, hc_hidden_size=width, hidden_size=width, hc_mult=1, n_out=_MIX
+            )
+            picked = _HC_PRENORM_GEMM_TILELANG_KERNEL.kernel(key)
+            kernel = next(n for n in _GEMM_KERNELS if getattr(tilelang_kernels, n) is picked)
+            fields = {
+                "hidden_size": key.hidden_size,
+                "hc_mult": key.hc_mult,
+                "n_out": key.n_out,
+                "n_thr": key.n_thr,
+                "tile_n": key.tile_n,
+            }
+            fields["block_m" if key.use_block_m else "n_splits"] = (
+                key.block_m if key.use_block_m else key.n_splits
+            )
+            wanted.append((kernel, fields))
+    hc_stream_splits = mhc_fused_post_pre_splits(_HIDDEN, _HC)
+    warmup_variants = [
+        {"rms_numel": _HIDDEN, "use_pre_mix_in": False, "extra_splits": ()},
+        {"rms_numel": _HC_STREAM, "use_pre_mix_in": False, "extra_splits": hc_stream_splits},
+        {"rms_numel": _HC_STREAM, "use_pre_mix_in": True, "extra_splits": hc_stream_splits},
+        {
+            "rms_numel": _HC_STREAM,
+            "use_pre_mix_in": True,
+            "write_aux": True,
+            "extra_splits": hc_stream_splits,
+        },
+    ]
+    for variant in warmup_variants:
+        keys = MHC_PRE_NORM_KERNEL.get_warmup_keys(
+            max_tokens=8192,
+            split_mode="fused",
+            norm_eps=1e-20,
+            **{k: v for k, v in _EPILOGUE_CONSTANTS.items() if k != "save_pre_mix"},
+            **variant,
+        )
+        wanted += [("mhc_pre_big_fuse_with_norm_tilelang", asdict(key)) for key in keys]
+    return [
+        f"{module}:{kernel} {fields}: vLLM compiles it for V4.1 on SM8x; the table has no "
+        "such launch"
+        for kernel, fields in wanted
+        if (kernel, tuple(sorted(fields.items()))) not in tabled
+    ]

@@ -16,9 +16,10 @@ Environment:
 - ``DEEPINFER_AOT_DIR``: ahead-of-time Triton kernels to seed the Triton cache from (the
   image sets /opt/deepinfer/kernels; see ``deepinfer_sm80.aot``).
 
-Not in this plugin yet: mHC and the pipeline relay; the patch
-ledger (``ledger.py``) lists what is switched. Nothing has served DeepSeek-V4.1 on an
-Ampere GPU yet.
+The pipeline relay (``pp_relay``) is wired but inert until ``model_topology``'s
+``relays_shared_kv`` is turned on (not yet proven on GPUs). The patch ledger
+(``ledger.py``) lists what is switched. Nothing has served DeepSeek-V4.1 on an Ampere GPU
+yet.
 """
 
 from __future__ import annotations

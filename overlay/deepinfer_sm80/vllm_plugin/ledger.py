@@ -225,6 +225,19 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="vLLM's pack_seq_triton handles fp8 without fp8e4nv",
     ),
     LedgerEntry(
+        name="dspark-pp-embedding",
+        targets=(
+            "vllm.models.deepseek_v41:DSparkDeepseekV4ForCausalLM",
+            f"{_V41}.nvidia.dspark:DSparkDeepseekV4ForCausalLM",
+        ),
+        replacement="deepinfer_sm80.vllm_plugin.dspark_pp:DSparkPPDeepseekV4ForCausalLM",
+        reason="with PP > 1 the target's embedding is missing on the last stage, where the "
+        "DSpark draft lives, and vLLM stops at draft load ('needs the target input "
+        "embedding'); ours is vLLM's draft class loading its own copy of embed.weight under "
+        "PP > 1 (1.32 GB / TP on the last stage), unchanged at PP 1",
+        remove_when="vLLM's DSpark draft loads its embedding under PP",
+    ),
+    LedgerEntry(
         name="engram-lookup",
         targets=(f"{_V41}.common.engram:_engram_lookup_kernel",),
         replacement="deepinfer_sm80.ops.engram:engram_lookup_kernel_override",

@@ -55,6 +55,11 @@ def _bf16(v):
     return T.cast(v, "bfloat16")
 
 
+def _sum4(a, b, c, d):
+    """(a + b) + (c + d): two dependent adds instead of three on the Sinkhorn's chain."""
+    return (a + b) + (c + d)
+
+
 def _coefficient_loader(hc: int, rows: int, threads: int):
     """A macro that fills s_comb/s_post/s_pre for tokens row0..row0+rows-1.
 
@@ -122,6 +127,12 @@ def post_prenorm_small(
     assert threads % 32 == 0 and mix % tile_n == 0
     assert token_group * n_red <= threads
     load_coefficients, passes = _coefficient_loader(hc, token_group, threads)
+    # Groups of 1-2 tokens load the weights and their tokens' x and residual before the
+    # coefficients' barrier (behind it they are a second memory round trip: on the H200,
+    # cold L2, T = 1 went from 12.4 to 10.8 us with the epilogue change below). Groups of 4
+    # keep the loads behind it: holding 4 tokens in registers across the barrier slowed
+    # T = 12 (kernel 5.9 -> 7.4 us), most likely one CTA fewer per SM.
+    hoist_loads = token_group <= 2
     m = T.dynamic("num_tokens")
 
     @T.prim_func
@@ -164,17 +175,32 @@ def post_prenorm_small(
             yv = T.alloc_local((vec,), "float32")
             outb = T.alloc_local((vec,), "bfloat16")
             cv = T.alloc_local((passes, 3), "float32")
+            xb = T.alloc_local((token_group, vec), "bfloat16")
+            rb = T.alloc_local((token_group, hc, vec), "bfloat16")
 
+            h0 = i_s * sw + tid * vec
+            if hoist_loads:
+                for n in T.unroll(tile_n):
+                    for j in T.unroll(hc):
+                        for v in T.vectorized(vec):
+                            w[n, j, v] = fn[i_nt * tile_n + n, j * hidden + h0 + v]
+                for t in T.unroll(token_group):
+                    tc = T.min(t0 + t, m - 1)
+                    for v in T.vectorized(vec):
+                        xb[t, v] = x[tc, h0 + v]
+                    for i in T.unroll(hc):
+                        for v in T.vectorized(vec):
+                            rb[t, i, v] = residual[tc, i, h0 + v]
             load_coefficients(
                 comb, post, pre_in, s_comb, s_post, s_pre, cv, t0, m, tid, use_pre_mix_in
             )
             T.sync_threads()
 
-            h0 = i_s * sw + tid * vec
-            for n in T.unroll(tile_n):
-                for j in T.unroll(hc):
-                    for v in T.vectorized(vec):
-                        w[n, j, v] = fn[i_nt * tile_n + n, j * hidden + h0 + v]
+            if not hoist_loads:
+                for n in T.unroll(tile_n):
+                    for j in T.unroll(hc):
+                        for v in T.vectorized(vec):
+                            w[n, j, v] = fn[i_nt * tile_n + n, j * hidden + h0 + v]
             for t in T.unroll(token_group):
                 for k in T.unroll(n_red):
                     acc[t, k] = 0.0
@@ -184,12 +210,19 @@ def post_prenorm_small(
             # token's: all loads of the unrolled loop can be in flight together.
             for t in T.unroll(token_group):
                 ta = t0 + t
-                tc = T.min(ta, m - 1)
-                for v in T.vectorized(vec):
-                    xv[v] = _f32(x[tc, h0 + v])
-                for i in T.unroll(hc):
+                if hoist_loads:
+                    for v in T.unroll(vec):
+                        xv[v] = _f32(xb[t, v])
+                    for i in T.unroll(hc):
+                        for v in T.unroll(vec):
+                            rv[i, v] = _f32(rb[t, i, v])
+                else:
+                    tc = T.min(ta, m - 1)
                     for v in T.vectorized(vec):
-                        rv[i, v] = _f32(residual[tc, i, h0 + v])
+                        xv[v] = _f32(x[tc, h0 + v])
+                    for i in T.unroll(hc):
+                        for v in T.vectorized(vec):
+                            rv[i, v] = _f32(residual[tc, i, h0 + v])
                 # residual'[j] = post[j] * x + sum_i comb[i, j] * residual[i], rounded to
                 # bf16 as the op materializes it; the GEMM reads the rounded values.
                 for j in T.unroll(hc):
@@ -456,7 +489,7 @@ def mix_norm_epilogue(
     n_chunks = hidden // EPILOGUE_CHUNK
     norm_threads = EPILOGUE_CHUNK // EPILOGUE_VEC
     threads = 32 + norm_threads
-    assert mix + 1 <= 32
+    assert mix + 1 <= 32 and hc == 4  # _sum4 and the lane per mix assume hc = 4
     m = T.dynamic("num_tokens")
 
     @T.prim_func
@@ -476,7 +509,7 @@ def mix_norm_epilogue(
         with T.Kernel(m, n_chunks, threads=threads) as (i_t, i_c):
             tid = T.get_thread_binding()
             s_mix = T.alloc_shared((32,), "float32")
-            mx = T.alloc_local((mix,), "float32")
+            s_logit = T.alloc_shared((hc * hc,), "float32")
             cm = T.alloc_local((hc, hc), "float32")
             inv = T.alloc_local((hc,), "float32")
             yv = T.alloc_local((EPILOGUE_VEC,), "float32")
@@ -484,6 +517,14 @@ def mix_norm_epilogue(
             outb = T.alloc_local((EPILOGUE_VEC,), "bfloat16")
             if tid < 32:
                 if i_c == 0:
+                    # Lane j < mix owns mix j. Its base and scale are loaded first, with no
+                    # branch before them, so they are in flight together with the partials
+                    # (behind the warp barrier below they would cost a second round trip).
+                    jl = T.min(tid, mix - 1)
+                    base = T.alloc_var("float32")
+                    base = hc_base[jl]
+                    coef_scale = T.alloc_var("float32")
+                    coef_scale = hc_scale[T.min(jl // hc, 2)]
                     # Unrolled with no branch inside: all partial loads are in flight at once,
                     # and the sum still runs in partial order 0..n_part-1.
                     total = T.alloc_var("float32", init=0.0)
@@ -496,25 +537,23 @@ def mix_norm_epilogue(
                             total += sq_part[s, i_t]
                         s_mix[tid] = total
                     T.sync_warp()
+                    # Every lane makes its own mix's logit: pre and post lanes finish with
+                    # their sigmoid and store; comb lanes hand theirs to lane 0.
+                    rs = T.alloc_var("float32")
+                    rs = T.rsqrt(s_mix[mix] / rms_numel + rms_eps)
+                    logit = T.alloc_var("float32")
+                    logit = s_mix[jl] * rs * coef_scale + base
+                    if tid < hc:
+                        pre_mix_out[i_t, tid] = T.sigmoid(logit) + hc_pre_eps
+                    elif tid < 2 * hc:
+                        post_mix[i_t, tid - hc] = T.sigmoid(logit) * hc_post_mult_value
+                    elif tid < mix:
+                        s_logit[tid - 2 * hc] = logit
+                    T.sync_warp()
                     if tid == 0:
-                        rs = T.alloc_var("float32")
-                        rs = T.rsqrt(s_mix[mix] / rms_numel + rms_eps)
-                        for j in T.unroll(mix):
-                            mx[j] = s_mix[j] * rs
-                        for j in T.unroll(hc):
-                            pre_mix_out[i_t, j] = (
-                                T.sigmoid(mx[j] * hc_scale[0] + hc_base[j]) + hc_pre_eps
-                            )
-                            post_mix[i_t, j] = (
-                                T.sigmoid(mx[hc + j] * hc_scale[1] + hc_base[hc + j])
-                                * hc_post_mult_value
-                            )
                         for j in T.unroll(hc):
                             for k in T.unroll(hc):
-                                cm[j, k] = (
-                                    mx[2 * hc + j * hc + k] * hc_scale[2]
-                                    + hc_base[2 * hc + j * hc + k]
-                                )
+                                cm[j, k] = s_logit[j * hc + k]
                         # softmax over each row, + eps
                         for j in T.unroll(hc):
                             inv[j] = cm[j, 0]
@@ -522,39 +561,36 @@ def mix_norm_epilogue(
                                 inv[j] = T.max(inv[j], cm[j, k + 1])
                             for k in T.unroll(hc):
                                 cm[j, k] = T.exp(cm[j, k] - inv[j])
-                            inv[j] = 0.0
+                            inv[j] = T.fast_rcp(_sum4(cm[j, 0], cm[j, 1], cm[j, 2], cm[j, 3]))
                             for k in T.unroll(hc):
-                                inv[j] = inv[j] + cm[j, k]
-                            for k in T.unroll(hc):
-                                cm[j, k] = cm[j, k] / inv[j] + hc_sinkhorn_eps
+                                cm[j, k] = cm[j, k] * inv[j] + hc_sinkhorn_eps
                         # then columns, then (rows, columns) x (repeat - 1). Each divisor is
                         # inverted once with the hardware reciprocal (MUFU.RCP, ~1 ulp) and
-                        # multiplied in: the 40 dependent steps are the epilogue's critical
-                        # path, and an IEEE division costs several times the latency.
+                        # multiplied in, and each sum of 4 is a depth-2 tree: the 40
+                        # dependent steps are the epilogue's critical path.
                         # A NaN row (CUDA-graph padding) skips the loop.
                         for k in T.unroll(hc):
-                            inv[k] = 0.0
-                            for j in T.unroll(hc):
-                                inv[k] = inv[k] + cm[j, k]
-                            inv[k] = T.fast_rcp(inv[k] + hc_sinkhorn_eps)
+                            inv[k] = T.fast_rcp(
+                                _sum4(cm[0, k], cm[1, k], cm[2, k], cm[3, k]) + hc_sinkhorn_eps
+                            )
                         for j in T.unroll(hc):
                             for k in T.unroll(hc):
                                 cm[j, k] = cm[j, k] * inv[k]
                         if rs >= 0.0:
-                            for _ in T.serial(sinkhorn_repeat - 1):
+                            for _ in T.unroll(sinkhorn_repeat - 1):
                                 for j in T.unroll(hc):
-                                    inv[j] = 0.0
-                                    for k in T.unroll(hc):
-                                        inv[j] = inv[j] + cm[j, k]
-                                    inv[j] = T.fast_rcp(inv[j] + hc_sinkhorn_eps)
+                                    inv[j] = T.fast_rcp(
+                                        _sum4(cm[j, 0], cm[j, 1], cm[j, 2], cm[j, 3])
+                                        + hc_sinkhorn_eps
+                                    )
                                 for j in T.unroll(hc):
                                     for k in T.unroll(hc):
                                         cm[j, k] = cm[j, k] * inv[j]
                                 for k in T.unroll(hc):
-                                    inv[k] = 0.0
-                                    for j in T.unroll(hc):
-                                        inv[k] = inv[k] + cm[j, k]
-                                    inv[k] = T.fast_rcp(inv[k] + hc_sinkhorn_eps)
+                                    inv[k] = T.fast_rcp(
+                                        _sum4(cm[0, k], cm[1, k], cm[2, k], cm[3, k])
+                                        + hc_sinkhorn_eps
+                                    )
                                 for j in T.unroll(hc):
                                     for k in T.unroll(hc):
                                         cm[j, k] = cm[j, k] * inv[k]

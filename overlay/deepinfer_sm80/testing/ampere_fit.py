@@ -164,10 +164,24 @@ def compile_for_ampere(
     """Compile every spec for every compute capability (default 80 and 86)."""
     if ccs is None:
         ccs = [major * 10 + minor for major, minor in (a.capability for a in AMPERE_ARCHES)]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     payload = json.dumps({"specs": [asdict(s) for s in specs], "ccs": ccs})
+    return run_compile_subprocess("deepinfer_sm80.testing.ampere_fit", payload, timeout_s)
+
+
+def run_compile_subprocess(
+    module: str,
+    payload: str,
+    timeout_s: float,
+    what: str = "AOT compile",
+    extra_env: dict[str, str] | None = None,
+) -> list[FitReport]:
+    """Run ``python -m module`` with ``payload`` on stdin and read the FitReports it prints
+    as JSON on its last stdout line. ``TRITON_INTERPRET`` is removed: a process that
+    imported Triton under the interpreter cannot compile for a GPU target."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(extra_env or {})
     run = subprocess.run(
-        [sys.executable, "-m", "deepinfer_sm80.testing.ampere_fit"],
+        [sys.executable, "-m", module],
         input=payload,
         capture_output=True,
         text=True,
@@ -176,7 +190,7 @@ def compile_for_ampere(
         check=False,
     )
     if run.returncode != 0:
-        raise RuntimeError(f"AOT compile subprocess failed:\n{run.stderr[-4000:]}")
+        raise RuntimeError(f"{what} subprocess failed:\n{run.stderr[-4000:]}")
     return [FitReport(**r) for r in json.loads(run.stdout.strip().splitlines()[-1])]
 
 

@@ -23,7 +23,6 @@ import functools
 import hashlib
 import importlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from deepinfer_sm80.testing.ampere_fit import (
     KernelSpec,
     compile_for_ampere,
     fit_violations,
+    run_compile_subprocess,
 )
 from deepinfer_sm80.testing.sm80_coverage import (
     PYTHON_OP_NAMESPACES,
@@ -337,22 +337,15 @@ def _compile_tilelang_subprocess(
     modules on a stand-in CUDA platform, which must not leak into the caller. A private
     TileLang cache makes every compile fresh, so each kernel keeps its lowered module (the
     dynamic shared memory size is read there)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     payload = json.dumps([[asdict(spec), cc] for spec, cc in units])
     with tempfile.TemporaryDirectory(prefix="tilelang-aot-") as cache:
-        env["TILELANG_CACHE_DIR"] = cache
-        run = subprocess.run(
-            [sys.executable, "-m", "deepinfer_sm80.testing.sm80_coverage_proof"],
-            input=payload,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout_s,
-            check=False,
+        return run_compile_subprocess(
+            "deepinfer_sm80.testing.sm80_coverage_proof",
+            payload,
+            timeout_s,
+            what="TileLang AOT compile",
+            extra_env={"TILELANG_CACHE_DIR": cache},
         )
-    if run.returncode != 0:
-        raise RuntimeError(f"TileLang AOT compile subprocess failed:\n{run.stderr[-4000:]}")
-    return [FitReport(**r) for r in json.loads(run.stdout.strip().splitlines()[-1])]
 
 
 _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\((\d+)")

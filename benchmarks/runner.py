@@ -156,6 +156,10 @@ def device_info() -> dict[str, Any]:
         info["tilelang"] = tilelang.__version__
     except Exception:  # noqa: BLE001 -- optional on a GPU test machine
         info["tilelang"] = None
+    from deepinfer_sm80.testing import ampere_ptx
+
+    # DEEPINFER_AMPERE_PTX=1: Triton kernels built as sm_80 PTX, JIT-compiled by the driver.
+    info["triton_code"] = ampere_ptx.enable_if_requested() or "native"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(
@@ -219,6 +223,15 @@ def measure_empty_kernel_us(timer: Callable) -> float:
 
 def gpu_slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_") or "unknown_gpu"
+
+
+def results_key(device: dict[str, Any]) -> str:
+    """File/summary key of a report: the GPU, plus the Triton lowering when it is not the
+    GPU's own (``DEEPINFER_AMPERE_PTX=1`` figures never mix with native ones)."""
+    key = gpu_slug(str(device.get("gpu") or "unknown_gpu"))
+    if device.get("triton_code", "native") != "native":
+        key += "__" + gpu_slug(str(device["triton_code"]))
+    return key
 
 
 def run_case(
@@ -295,10 +308,10 @@ def run_suite(
     launch_us: float | None = None,
 ) -> dict[str, Any]:
     """Run ``cases``, print a progress line each, merge the report into the results."""
+    info = info or device_info()  # first: it may switch Triton's lowering (ampere_ptx)
     if timer is None:
         timer = CudaTimer()
         warm_up_gpu()
-    info = info or device_info()
     copy_gbs = copy_gbs if copy_gbs is not None else measure_copy_bandwidth_gbs(timer)
     launch_us = launch_us if launch_us is not None else measure_empty_kernel_us(timer)
     bf16_tflops = None
@@ -306,7 +319,8 @@ def run_suite(
         bf16_tflops = measure_bf16_tflops(timer)
     label = (
         f"{info.get('gpu')} | torch {info.get('torch')} | triton {info.get('triton')} | "
-        f"CUDA {info.get('cuda_runtime')} | driver {info.get('driver')}"
+        f"CUDA {info.get('cuda_runtime')} | driver {info.get('driver')} | "
+        f"Triton code {info.get('triton_code', 'native')}"
     )
     print(f"[{suite}] {label}", flush=True)
     print(f"[{suite}] copy {copy_gbs:.0f} GB/s, empty kernel {launch_us:.2f} us", flush=True)
@@ -355,7 +369,7 @@ def _progress(row: dict[str, Any]) -> str:
 
 def write_report(report: dict[str, Any], results_dir: Path) -> Path:
     results_dir.mkdir(parents=True, exist_ok=True)
-    gpu = gpu_slug(str(report["device"].get("gpu") or "unknown_gpu"))
+    gpu = results_key(report["device"])
     path = results_dir / f"{gpu}.json"
     per_gpu = json.loads(path.read_text()) if path.exists() else {"suites": {}}
     per_gpu["device"] = report["device"]

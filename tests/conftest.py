@@ -24,6 +24,10 @@ if ON_GPU and not torch.cuda.is_available():
         "DEEPINFER_TEST_DEVICE=cuda but torch sees no CUDA device; run `make test` for the "
         "CPU tiers"
     )
+if ON_GPU:
+    from deepinfer_sm80.testing import ampere_ptx
+
+    ampere_ptx.enable_if_requested()  # DEEPINFER_AMPERE_PTX=1: Ampere lowering via PTX JIT
 
 
 @pytest.fixture(scope="session")

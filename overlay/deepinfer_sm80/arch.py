@@ -85,23 +85,22 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     "topk_swa.global_topk": LaunchConfig(num_warps=4, num_stages=1),
     # Sparse MLA: BLOCK_H heads x BLOCK_N rows x 512 per step. A token's rows are split
     # every ROWS_PER_SPLIT rows (batch-invariant: depends on the token alone). The
-    # original's BLOCK_N=64 / 4 warps / 2 stages needs 131 KB of shared memory here;
-    # BLOCK_N=16 with 8 warps and no pipelining is the fitting config: 48 KB, 128 regs
-    # (decode) / 101 (prefill), no spills, so two CTAs fit an sm86 SM.
-    # maxnreg=128 keeps two 256-thread CTAs per SM on sm80 too (157 registers otherwise).
-    # 128 rows per split: on an H200 (proxy), T=1 takes 64 us vs 109 us at 256 rows, and
-    # T=256 1,566 us vs 1,507 (benchmarks/tune_sparse_mla.py); Ampere not yet measured.
+    # original's BLOCK_N=64 / 4 warps / 2 stages needs 131 KB of shared memory here.
+    # Fitting configs (sm80/sm86: <= 48 KB, no spill, 2 CTAs/SM) were timed on an H200
+    # as a proxy (benchmarks/results/NVIDIA_H200.tune_sparse_mla.log): 4 warps beat 8
+    # (8 warps need maxnreg=128 for 2 CTAs/SM and then spill), and 128 rows per split
+    # is the best compromise between T=1 (more CTAs) and T=256 (fewer partials).
+    # PREFETCH (the hand-pipelined loop) fits Ampere only for bf16 prefill rows; with
+    # the fp8 decode it spills 8-72 B on sm_80 at 255 registers, so decode runs unpipelined.
     "sparse_mla.decode": LaunchConfig(
-        num_warps=8,
+        num_warps=4,
         num_stages=1,
-        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 128)),
-        maxnreg=128,
+        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 128), ("PREFETCH", 0)),
     ),
     "sparse_mla.prefill": LaunchConfig(
-        num_warps=8,
+        num_warps=4,
         num_stages=1,
-        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16)),
-        maxnreg=128,
+        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("PREFETCH", 1)),
     ),
     "sparse_mla.reduce": LaunchConfig(num_warps=4, num_stages=1, constexprs=(("BLOCK_H", 16),)),
 }

@@ -3,14 +3,18 @@
 One kernel body serves both. A program owns one query token, ``BLOCK_H`` heads and one
 split of the token's selected rows; it walks the split in tiles of ``BLOCK_N`` rows:
 
-- decode (``KV_FP8``): each row is a 584-byte V4 record. The 448 NoPE bytes are decoded
-  on chip (software e4m3, UE8M0 by integer shift) into the same ``[BLOCK_N, 512]`` tile
-  that receives the 64 bf16 RoPE values, so QK and PV are each one bf16 Tensor Core dot
-  over the full 512 width (V = K in MLA). Rows come from the SWA cache first, then from
-  the optional compressed ("extra") cache, as one virtual list.
+- decode (``KV_FP8``): each row is a 584-byte V4 record, loaded as 16-byte vectors.
+  The 448 NoPE bytes are decoded on chip -- four e4m3 bytes and their UE8M0 scale per
+  packed PTX block (``ops/fp8.e4m3_ue8m0_to_bf16``: byte shuffles, bit masks and two
+  bf16x2 FMAs, bit-exact) -- into the same ``[BLOCK_N, 512]`` tile that receives the 64
+  bf16 RoPE values, so QK and PV are each one bf16 Tensor Core dot over the full 512
+  width (V = K in MLA). Rows come from the SWA cache first, then from the optional
+  compressed ("extra") cache, as one virtual list.
 - prefill: rows are bf16 rows of the gather workspace vLLM builds.
 
 Online softmax in base 2 with fp32 accumulators; the sink enters only the denominator.
+``PREFETCH`` pipelines the loop by hand (the next tile's loads are issued before this
+tile's math); ``arch.py`` says where it fits Ampere.
 
 Split-K is batch-invariant: a token's split count is ``cdiv(own selected rows,
 ROWS_PER_SPLIT)`` (``arch.py``), never a function of the batch. A token with one split
@@ -28,7 +32,7 @@ import triton.language as tl
 from deepinfer_sm80.arch import kernel_config
 from deepinfer_sm80.ops._triton_utils import mma
 from deepinfer_sm80.ops._validate import check_tensor
-from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_to_f32, ue8m0_to_f32
+from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_ue8m0_to_bf16
 from deepinfer_sm80.ops.kv_cache.layout import HEAD_DIM, RECORD_BYTES
 from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
@@ -37,20 +41,114 @@ NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" keeps exp2(m_old - m_
 
 
 @triton.jit
-def _load_rows_fp8(p_rec, p_scale, valid, BLOCK_N: tl.constexpr):
-    """Decode ``BLOCK_N`` V4 records into one bf16 ``[BLOCK_N, 512]`` tile: columns
-    0-447 from the e4m3 bytes times their group's UE8M0 scale, 448-511 the bf16 RoPE
-    values. Invalid rows are zero and never touch memory."""
-    o_d = tl.arange(0, 512)
-    is_nope = (o_d < 448)[None, :]
-    m_row = valid[:, None]
-    b_q = tl.load(p_rec[:, None] + o_d[None, :], mask=m_row & is_nope, other=0)
-    # The scale byte is constant over each 64-column group (axis info: constancy 64).
-    b_s = tl.load(p_scale[:, None] + (o_d // 64)[None, :], mask=m_row & is_nope, other=0)
-    b_nope = (e4m3_to_f32(b_q) * ue8m0_to_f32(b_s)).to(tl.bfloat16)
+def _tile_slots(
+    i_t,
+    r0,
+    r_end,
+    main_len,
+    main_idx_ptr,
+    main_idx_stride,
+    main_rows,
+    extra_idx_ptr,
+    extra_idx_stride,
+    extra_rows,
+    HAS_EXTRA: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Rows ``[r0, r0 + BLOCK_N)`` of a token's virtual row list (SWA rows, then the
+    compressed cache's): each row's slot in its own cache, whether it is a main-cache
+    row, and whether it is valid (in range, not -1, inside the cache)."""
+    o_r = r0 + tl.arange(0, BLOCK_N)
+    in_r = o_r < r_end
+    is_main = o_r < main_len
+    slot = tl.load(main_idx_ptr + i_t * main_idx_stride + o_r, mask=in_r & is_main, other=-1)
+    valid = is_main & (slot >= 0) & (slot < main_rows)
+    if HAS_EXTRA:
+        e_slot = tl.load(
+            extra_idx_ptr + i_t * extra_idx_stride + (o_r - main_len),
+            mask=in_r & ~is_main,
+            other=-1,
+        )
+        valid = valid | (~is_main & (e_slot >= 0) & (e_slot < extra_rows))
+        slot = tl.where(is_main, slot, e_slot)
+    valid = in_r & valid
+    return tl.where(valid, slot, 0), is_main, valid
+
+
+@triton.jit
+def _tile_fp8_bytes(
+    slot,
+    is_main,
+    valid,
+    main_ptr,
+    main_stride,
+    extra_ptr,
+    extra_stride,
+    MAIN_BLOCK_SIZE: tl.constexpr,
+    EXTRA_BLOCK_SIZE: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+):
+    """Issue the loads of a tile's V4 records, undecoded: e4m3 bytes in columns 0-447
+    (0 elsewhere), the 8 scale bytes per row, and the bf16 RoPE values in columns
+    448-511 (0 elsewhere). Invalid rows never touch memory. Pages are 16-byte aligned
+    (checked by the wrapper), so the records load as 16-byte vectors."""
+    p_rec, p_scale = _row_pointers(main_ptr, main_stride, slot, MAIN_BLOCK_SIZE)
+    if HAS_EXTRA:
+        e_rec, e_scale = _row_pointers(extra_ptr, extra_stride, slot, EXTRA_BLOCK_SIZE)
+        p_rec = tl.where(is_main, p_rec, e_rec)
+        p_scale = tl.where(is_main, p_scale, e_scale)
+    p_rec = tl.multiple_of(p_rec, 16)
+    p_scale = tl.multiple_of(p_scale, 8)
+    # [rows, 8 groups, 64]: groups 0-6 are the e4m3 bytes, group 7 the RoPE part. Scales
+    # and RoPE stay [rows, 8, 1] / [rows, 1, 64] until they are used (fewer registers
+    # held across the pipelined loop than full [rows, 512] tiles).
+    o_g = tl.arange(0, 8)[None, :, None]
+    o_c = tl.arange(0, 64)[None, None, :]
+    m_row = valid[:, None, None]
+    b_data = tl.load(p_rec[:, None, None] + o_g * 64 + o_c, mask=m_row & (o_g < 7), other=0)
+    b_scale = tl.load(p_scale[:, None, None] + o_g, mask=m_row, other=0)
     p_rope = (p_rec + 448).to(tl.pointer_type(tl.bfloat16))
-    b_rope = tl.load(p_rope[:, None] + (o_d - 448)[None, :], mask=m_row & ~is_nope, other=0.0)
-    return tl.where(is_nope, b_nope, b_rope)
+    b_rope = tl.load(p_rope[:, None, None] + o_c, mask=m_row, other=0.0)
+    return b_data, b_scale, b_rope
+
+
+@triton.jit
+def _decode_fp8_tile(b_data, b_scale, b_rope, BLOCK_N: tl.constexpr):
+    """One bf16 ``[BLOCK_N, 512]`` tile: columns 0-447 the e4m3 bytes times their
+    64-column group's UE8M0 scale, 448-511 the RoPE values."""
+    b_nope = e4m3_ue8m0_to_bf16(b_data, tl.broadcast_to(b_scale, b_data.shape))
+    is_rope = (tl.arange(0, 8) == 7)[None, :, None]
+    b_k = tl.where(is_rope, tl.broadcast_to(b_rope, b_data.shape), b_nope)
+    return tl.reshape(b_k, (BLOCK_N, 512))
+
+
+@triton.jit
+def _tile_load(
+    slot,
+    is_main,
+    valid,
+    main_ptr,
+    main_stride,
+    extra_ptr,
+    extra_stride,
+    MAIN_BLOCK_SIZE: tl.constexpr,
+    EXTRA_BLOCK_SIZE: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """A tile's loads: V4 record parts (decode) or bf16 workspace rows (prefill; the
+    two other values are unused placeholders of fixed type)."""
+    if KV_FP8:
+        return _tile_fp8_bytes(
+            slot, is_main, valid, main_ptr, main_stride, extra_ptr, extra_stride,
+            MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA,
+        )  # fmt: skip
+    else:
+        o_d = tl.arange(0, 512)
+        p_row = main_ptr + slot.to(tl.int64) * main_stride
+        b_k = tl.load(p_row[:, None] + o_d[None, :], mask=valid[:, None], other=0.0)
+        return b_k, b_k, b_k
 
 
 @triton.jit
@@ -128,6 +226,7 @@ def sparse_mla_fwd_kernel(
     MAX_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     i_t = tl.program_id(0).to(tl.int64)
     i_hb = tl.program_id(1)
@@ -162,37 +261,46 @@ def sparse_mla_fwd_kernel(
 
     r_begin = i_s * ROWS_PER_SPLIT
     r_end = tl.minimum(r_begin + ROWS_PER_SPLIT, total)
+    # PREFETCH: a software pipeline by hand. While tile i computes, tile i+1's records
+    # and tile i+2's slots are in flight (their loads are issued before this tile's
+    # math); without it each tile waits for two dependent global loads (slot, then
+    # record). It holds a tile's undecoded bytes in registers across the loop, so it
+    # is on only where the config still fits Ampere without spills (arch.py).
+    slot, is_main, valid = _tile_slots(
+        i_t, r_begin, r_end, main_len, main_idx_ptr, main_idx_stride, main_rows,
+        extra_idx_ptr, extra_idx_stride, extra_rows, HAS_EXTRA, BLOCK_N,
+    )  # fmt: skip
+    b_data, b_scale, b_rope = _tile_load(
+        slot, is_main, valid, main_ptr, main_stride, extra_ptr, extra_stride,
+        MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA, KV_FP8, BLOCK_N,
+    )  # fmt: skip
+    slot_n, is_main_n, valid_n = _tile_slots(
+        i_t, r_begin + BLOCK_N, r_end, main_len, main_idx_ptr, main_idx_stride, main_rows,
+        extra_idx_ptr, extra_idx_stride, extra_rows, HAS_EXTRA, BLOCK_N,
+    )  # fmt: skip
     for r0 in range(r_begin, r_end, BLOCK_N):
-        o_r = r0 + tl.arange(0, BLOCK_N)
-        in_r = o_r < r_end
-        is_main = o_r < main_len
-        slot = tl.load(main_idx_ptr + i_t * main_idx_stride + o_r, mask=in_r & is_main, other=-1)
-        valid_main = is_main & (slot >= 0) & (slot < main_rows)
-        if HAS_EXTRA:
-            e_slot = tl.load(
-                extra_idx_ptr + i_t * extra_idx_stride + (o_r - main_len),
-                mask=in_r & ~is_main,
-                other=-1,
-            )
-            valid_extra = ~is_main & (e_slot >= 0) & (e_slot < extra_rows)
-            valid = in_r & (valid_main | valid_extra)
+        if PREFETCH:
+            n_data, n_scale, n_rope = _tile_load(
+                slot_n, is_main_n, valid_n, main_ptr, main_stride, extra_ptr, extra_stride,
+                MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA, KV_FP8, BLOCK_N,
+            )  # fmt: skip
+            slot_nn, is_main_nn, valid_nn = _tile_slots(
+                i_t, r0 + 2 * BLOCK_N, r_end, main_len, main_idx_ptr, main_idx_stride,
+                main_rows, extra_idx_ptr, extra_idx_stride, extra_rows, HAS_EXTRA, BLOCK_N,
+            )  # fmt: skip
         else:
-            valid = in_r & valid_main
+            slot, is_main, valid = _tile_slots(
+                i_t, r0, r_end, main_len, main_idx_ptr, main_idx_stride, main_rows,
+                extra_idx_ptr, extra_idx_stride, extra_rows, HAS_EXTRA, BLOCK_N,
+            )  # fmt: skip
+            b_data, b_scale, b_rope = _tile_load(
+                slot, is_main, valid, main_ptr, main_stride, extra_ptr, extra_stride,
+                MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA, KV_FP8, BLOCK_N,
+            )  # fmt: skip
         if KV_FP8:
-            p_rec, p_scale = _row_pointers(
-                main_ptr, main_stride, tl.where(valid_main, slot, 0), MAIN_BLOCK_SIZE
-            )
-            if HAS_EXTRA:
-                e_rec, e_scale = _row_pointers(
-                    extra_ptr, extra_stride, tl.where(valid_extra, e_slot, 0), EXTRA_BLOCK_SIZE
-                )
-                p_rec = tl.where(is_main, p_rec, e_rec)
-                p_scale = tl.where(is_main, p_scale, e_scale)
-            b_k = _load_rows_fp8(p_rec, p_scale, valid, BLOCK_N)
+            b_k = _decode_fp8_tile(b_data, b_scale, b_rope, BLOCK_N)
         else:
-            p_row = main_ptr + tl.where(valid, slot, 0).to(tl.int64) * main_stride
-            b_k = tl.load(p_row[:, None] + o_d[None, :], mask=valid[:, None], other=0.0)
-
+            b_k = b_data
         b_s = mma(b_q, tl.trans(b_k)) * scale_log2  # [BLOCK_H, BLOCK_N], base-2 logits
         b_s = tl.where(valid[None, :], b_s, float("-inf"))
         b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
@@ -201,6 +309,9 @@ def sparse_mla_fwd_kernel(
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
         b_acc = b_acc * b_alpha[:, None] + mma(b_p.to(tl.bfloat16), b_k)
         b_m = b_m_new
+        if PREFETCH:
+            b_data, b_scale, b_rope, valid = n_data, n_scale, n_rope, valid_n
+            slot_n, is_main_n, valid_n = slot_nn, is_main_nn, valid_nn
 
     if n_splits == 1:
         _finish(
@@ -366,6 +477,13 @@ def _as_cache(name: str, cache: torch.Tensor) -> torch.Tensor:
         )
     if cache.stride(0) < cache.shape[1] * RECORD_BYTES:
         raise ValueError(f"{name}: page stride {cache.stride(0)} is smaller than a page")
+    if cache.stride(0) % 16 or cache.data_ptr() % 16:
+        # The kernel loads records as 16-byte vectors; vLLM's pages always qualify.
+        raise ValueError(
+            f"{name}: pages must start on 16-byte boundaries (page stride "
+            f"{cache.stride(0)} B, address % 16 = {cache.data_ptr() % 16}); allocate the "
+            f"cache with a page stride that is a multiple of 16"
+        )
     return cache
 
 
@@ -645,6 +763,7 @@ def _launch(
         KV_FP8=kv_fp8,
         STORE_MAX=max_logits is not None,
         BLOCK_N=block_n,
+        PREFETCH=bool(cfg.constexpr_dict()["PREFETCH"]),
         **cfg.launch_options(),
         **meta,
     )
@@ -720,6 +839,7 @@ def _fwd_spec(label, cfg_name, *, fp8, main_width, extra_width, block_size, rows
             "MAX_SPLITS": splits,
             "BLOCK_H": cfg.constexpr_dict()["BLOCK_H"],
             "BLOCK_N": cfg.constexpr_dict()["BLOCK_N"],
+            "PREFETCH": bool(cfg.constexpr_dict()["PREFETCH"]),
         },
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

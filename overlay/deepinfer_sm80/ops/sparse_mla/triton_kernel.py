@@ -41,23 +41,20 @@ NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" keeps exp2(m_old - m_
 
 
 @triton.jit
-def _tile_slots(
-    i_t,
-    r0,
-    r_end,
-    main_len,
-    main_idx_ptr,
-    main_idx_stride,
-    main_rows,
-    extra_idx_ptr,
-    extra_idx_stride,
-    extra_rows,
-    HAS_EXTRA: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def _tile_slots(i_t, r0, r_end, rows, HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr):
     """Rows ``[r0, r0 + BLOCK_N)`` of a token's virtual row list (SWA rows, then the
     compressed cache's): each row's slot in its own cache, whether it is a main-cache
-    row, and whether it is valid (in range, not -1, inside the cache)."""
+    row, and whether it is valid (in range, not -1, inside the cache). ``rows`` is the
+    kernel's index-argument tuple (see ``sparse_mla_fwd_kernel``)."""
+    (
+        main_len,
+        main_idx_ptr,
+        main_idx_stride,
+        main_rows,
+        extra_idx_ptr,
+        extra_idx_stride,
+        extra_rows,
+    ) = rows
     o_r = r0 + tl.arange(0, BLOCK_N)
     in_r = o_r < r_end
     is_main = o_r < main_len
@@ -76,40 +73,47 @@ def _tile_slots(
 
 
 @triton.jit
-def _tile_fp8_bytes(
+def _tile_load(
     slot,
     is_main,
     valid,
-    main_ptr,
-    main_stride,
-    extra_ptr,
-    extra_stride,
+    caches,
     MAIN_BLOCK_SIZE: tl.constexpr,
     EXTRA_BLOCK_SIZE: tl.constexpr,
     HAS_EXTRA: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
-    """Issue the loads of a tile's V4 records, undecoded: e4m3 bytes in columns 0-447
-    (0 elsewhere), the 8 scale bytes per row, and the bf16 RoPE values in columns
-    448-511 (0 elsewhere). Invalid rows never touch memory. Pages are 16-byte aligned
-    (checked by the wrapper), so the records load as 16-byte vectors."""
-    p_rec, p_scale = _row_pointers(main_ptr, main_stride, slot, MAIN_BLOCK_SIZE)
-    if HAS_EXTRA:
-        e_rec, e_scale = _row_pointers(extra_ptr, extra_stride, slot, EXTRA_BLOCK_SIZE)
-        p_rec = tl.where(is_main, p_rec, e_rec)
-        p_scale = tl.where(is_main, p_scale, e_scale)
-    p_rec = tl.multiple_of(p_rec, 16)
-    p_scale = tl.multiple_of(p_scale, 8)
-    # [rows, 8 groups, 64]: groups 0-6 are the e4m3 bytes, group 7 the RoPE part. Scales
-    # and RoPE stay [rows, 8, 1] / [rows, 1, 64] until they are used (fewer registers
-    # held across the pipelined loop than full [rows, 512] tiles).
-    o_g = tl.arange(0, 8)[None, :, None]
-    o_c = tl.arange(0, 64)[None, None, :]
-    m_row = valid[:, None, None]
-    b_data = tl.load(p_rec[:, None, None] + o_g * 64 + o_c, mask=m_row & (o_g < 7), other=0)
-    b_scale = tl.load(p_scale[:, None, None] + o_g, mask=m_row, other=0)
-    p_rope = (p_rec + 448).to(tl.pointer_type(tl.bfloat16))
-    b_rope = tl.load(p_rope[:, None, None] + o_c, mask=m_row, other=0.0)
-    return b_data, b_scale, b_rope
+    """Issue a tile's loads; invalid rows never touch memory. ``caches`` is
+    ``(main_ptr, main_stride, extra_ptr, extra_stride)``.
+
+    Decode (``KV_FP8``): the V4 records, undecoded, as ``[rows, 8 groups, 64]`` e4m3
+    bytes (group 7, the RoPE part's place, is 0), ``[rows, 8, 1]`` scale bytes and
+    ``[rows, 1, 64]`` bf16 RoPE values -- fewer registers held across the pipelined loop
+    than full ``[rows, 512]`` tiles. Pages are 16-byte aligned (the wrapper checks), so
+    records load as 16-byte vectors. Prefill: the bf16 workspace rows ``[rows, 512]``
+    (returned three times: the two others are unused placeholders of fixed type)."""
+    main_ptr, main_stride, extra_ptr, extra_stride = caches
+    if KV_FP8:
+        p_rec, p_scale = _row_pointers(main_ptr, main_stride, slot, MAIN_BLOCK_SIZE)
+        if HAS_EXTRA:
+            e_rec, e_scale = _row_pointers(extra_ptr, extra_stride, slot, EXTRA_BLOCK_SIZE)
+            p_rec = tl.where(is_main, p_rec, e_rec)
+            p_scale = tl.where(is_main, p_scale, e_scale)
+        p_rec = tl.multiple_of(p_rec, 16)
+        p_scale = tl.multiple_of(p_scale, 8)
+        o_g = tl.arange(0, 8)[None, :, None]
+        o_c = tl.arange(0, 64)[None, None, :]
+        m_row = valid[:, None, None]
+        b_data = tl.load(p_rec[:, None, None] + o_g * 64 + o_c, mask=m_row & (o_g < 7), other=0)
+        b_scale = tl.load(p_scale[:, None, None] + o_g, mask=m_row, other=0)
+        p_rope = (p_rec + 448).to(tl.pointer_type(tl.bfloat16))
+        b_rope = tl.load(p_rope[:, None, None] + o_c, mask=m_row, other=0.0)
+        return b_data, b_scale, b_rope
+    else:
+        o_d = tl.arange(0, 512)
+        p_row = main_ptr + slot.to(tl.int64) * main_stride
+        b_k = tl.load(p_row[:, None] + o_d[None, :], mask=valid[:, None], other=0.0)
+        return b_k, b_k, b_k
 
 
 @triton.jit
@@ -120,35 +124,6 @@ def _decode_fp8_tile(b_data, b_scale, b_rope, BLOCK_N: tl.constexpr):
     is_rope = (tl.arange(0, 8) == 7)[None, :, None]
     b_k = tl.where(is_rope, tl.broadcast_to(b_rope, b_data.shape), b_nope)
     return tl.reshape(b_k, (BLOCK_N, 512))
-
-
-@triton.jit
-def _tile_load(
-    slot,
-    is_main,
-    valid,
-    main_ptr,
-    main_stride,
-    extra_ptr,
-    extra_stride,
-    MAIN_BLOCK_SIZE: tl.constexpr,
-    EXTRA_BLOCK_SIZE: tl.constexpr,
-    HAS_EXTRA: tl.constexpr,
-    KV_FP8: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """A tile's loads: V4 record parts (decode) or bf16 workspace rows (prefill; the
-    two other values are unused placeholders of fixed type)."""
-    if KV_FP8:
-        return _tile_fp8_bytes(
-            slot, is_main, valid, main_ptr, main_stride, extra_ptr, extra_stride,
-            MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA,
-        )  # fmt: skip
-    else:
-        o_d = tl.arange(0, 512)
-        p_row = main_ptr + slot.to(tl.int64) * main_stride
-        b_k = tl.load(p_row[:, None] + o_d[None, :], mask=valid[:, None], other=0.0)
-        return b_k, b_k, b_k
 
 
 @triton.jit
@@ -261,41 +236,43 @@ def sparse_mla_fwd_kernel(
 
     r_begin = i_s * ROWS_PER_SPLIT
     r_end = tl.minimum(r_begin + ROWS_PER_SPLIT, total)
+    rows = (
+        main_len,
+        main_idx_ptr,
+        main_idx_stride,
+        main_rows,
+        extra_idx_ptr,
+        extra_idx_stride,
+        extra_rows,
+    )
+    caches = (main_ptr, main_stride, extra_ptr, extra_stride)
     # PREFETCH: a software pipeline by hand. While tile i computes, tile i+1's records
     # and tile i+2's slots are in flight (their loads are issued before this tile's
     # math); without it each tile waits for two dependent global loads (slot, then
     # record). It holds a tile's undecoded bytes in registers across the loop, so it
     # is on only where the config still fits Ampere without spills (arch.py).
-    slot, is_main, valid = _tile_slots(
-        i_t, r_begin, r_end, main_len, main_idx_ptr, main_idx_stride, main_rows,
-        extra_idx_ptr, extra_idx_stride, extra_rows, HAS_EXTRA, BLOCK_N,
-    )  # fmt: skip
-    b_data, b_scale, b_rope = _tile_load(
-        slot, is_main, valid, main_ptr, main_stride, extra_ptr, extra_stride,
-        MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA, KV_FP8, BLOCK_N,
-    )  # fmt: skip
-    slot_n, is_main_n, valid_n = _tile_slots(
-        i_t, r_begin + BLOCK_N, r_end, main_len, main_idx_ptr, main_idx_stride, main_rows,
-        extra_idx_ptr, extra_idx_stride, extra_rows, HAS_EXTRA, BLOCK_N,
-    )  # fmt: skip
+    if PREFETCH:
+        slot, is_main, valid = _tile_slots(i_t, r_begin, r_end, rows, HAS_EXTRA, BLOCK_N)
+        b_data, b_scale, b_rope = _tile_load(
+            slot, is_main, valid, caches, MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA, KV_FP8
+        )
+        slot_n, is_main_n, valid_n = _tile_slots(
+            i_t, r_begin + BLOCK_N, r_end, rows, HAS_EXTRA, BLOCK_N
+        )
     for r0 in range(r_begin, r_end, BLOCK_N):
         if PREFETCH:
             n_data, n_scale, n_rope = _tile_load(
-                slot_n, is_main_n, valid_n, main_ptr, main_stride, extra_ptr, extra_stride,
-                MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA, KV_FP8, BLOCK_N,
+                slot_n, is_main_n, valid_n, caches, MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE,
+                HAS_EXTRA, KV_FP8,
             )  # fmt: skip
             slot_nn, is_main_nn, valid_nn = _tile_slots(
-                i_t, r0 + 2 * BLOCK_N, r_end, main_len, main_idx_ptr, main_idx_stride,
-                main_rows, extra_idx_ptr, extra_idx_stride, extra_rows, HAS_EXTRA, BLOCK_N,
-            )  # fmt: skip
+                i_t, r0 + 2 * BLOCK_N, r_end, rows, HAS_EXTRA, BLOCK_N
+            )
         else:
-            slot, is_main, valid = _tile_slots(
-                i_t, r0, r_end, main_len, main_idx_ptr, main_idx_stride, main_rows,
-                extra_idx_ptr, extra_idx_stride, extra_rows, HAS_EXTRA, BLOCK_N,
-            )  # fmt: skip
+            slot, is_main, valid = _tile_slots(i_t, r0, r_end, rows, HAS_EXTRA, BLOCK_N)
             b_data, b_scale, b_rope = _tile_load(
-                slot, is_main, valid, main_ptr, main_stride, extra_ptr, extra_stride,
-                MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA, KV_FP8, BLOCK_N,
+                slot, is_main, valid, caches, MAIN_BLOCK_SIZE, EXTRA_BLOCK_SIZE, HAS_EXTRA,
+                KV_FP8,
             )  # fmt: skip
         if KV_FP8:
             b_k = _decode_fp8_tile(b_data, b_scale, b_rope, BLOCK_N)

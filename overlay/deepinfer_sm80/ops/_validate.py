@@ -45,3 +45,20 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
 def check_rows(name: str, t: torch.Tensor, rows: int, what: str) -> None:
     if t.shape[0] != rows:
         raise ValueError(f"{name}: expected {rows} rows ({what}), got shape {tuple(t.shape)}")
+
+
+def check_paged_records(
+    name: str, cache: torch.Tensor, record_bytes: int, block_size: int | None = None
+) -> None:
+    """A paged record cache (``[pages, block_size, record_bytes]``, or ``[pages, page
+    bytes]`` with ``block_size`` given) whose record width the caller has checked:
+    bytes contiguous, and pages at least a page apart (vLLM pads the page stride,
+    never shrinks it)."""
+    block_size = cache.shape[1] if block_size is None else block_size
+    if cache.stride(-1) != 1:
+        raise ValueError(f"{name}: the byte dimension must be contiguous (stride 1)")
+    if cache.stride(0) < block_size * record_bytes:
+        raise ValueError(
+            f"{name}: page stride {cache.stride(0)} B is smaller than block_size "
+            f"{block_size} x {record_bytes} B; pass the page-strided cache vLLM allocates"
+        )

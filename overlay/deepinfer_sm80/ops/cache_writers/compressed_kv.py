@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.ops._validate import check_int, check_tensor
+from deepinfer_sm80.ops._validate import check_int, check_paged_records, check_tensor
 from deepinfer_sm80.ops.cache_writers.layout import LATENT_DIM
 from deepinfer_sm80.ops.cache_writers.triton_kernel import (
     bf16_rne,
@@ -181,14 +181,7 @@ def _check_record_cache(kv_cache: torch.Tensor) -> None:
             f"kv_cache: expected {RECORD_BYTES}-byte V4 records in the last dimension, got "
             f"shape {tuple(kv_cache.shape)}"
         )
-    if kv_cache.stride(-1) != 1:
-        raise ValueError("kv_cache: the byte dimension must be contiguous (stride 1)")
-    if kv_cache.stride(0) < kv_cache.shape[1] * RECORD_BYTES:
-        raise ValueError(
-            f"kv_cache: page stride {kv_cache.stride(0)} B is smaller than block_size "
-            f"{kv_cache.shape[1]} x {RECORD_BYTES} B; pass the page-strided cache vLLM "
-            "allocates"
-        )
+    check_paged_records("kv_cache", kv_cache, RECORD_BYTES)
 
 
 def _check_plain_cache(kv_cache: torch.Tensor, fp8_scale: torch.Tensor | None) -> None:

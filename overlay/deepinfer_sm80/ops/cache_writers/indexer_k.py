@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.ops._validate import check_int, check_tensor
+from deepinfer_sm80.ops._validate import check_int, check_paged_records, check_tensor
 from deepinfer_sm80.ops.cache_writers.layout import (
     INDEX_HEAD_DIM,
     INDEX_MXFP4_RECORD_BYTES,
@@ -99,14 +99,7 @@ def _check_cache(k_cache: torch.Tensor) -> None:
             f"k_cache: expected {INDEX_RECORD_BYTES}-byte FP8 indexer records (128 e4m3 + "
             f"fp32 scale) in the last dimension, got shape {tuple(k_cache.shape)}"
         )
-    if k_cache.stride(-1) != 1:
-        raise ValueError("k_cache: the byte dimension must be contiguous (stride 1)")
-    if k_cache.stride(0) < k_cache.shape[1] * INDEX_RECORD_BYTES:
-        raise ValueError(
-            f"k_cache: page stride {k_cache.stride(0)} B is smaller than block_size "
-            f"{k_cache.shape[1]} x {INDEX_RECORD_BYTES} B; pass the page-strided cache "
-            "vLLM allocates"
-        )
+    check_paged_records("k_cache", k_cache, INDEX_RECORD_BYTES)
 
 
 def indexer_k_norm_rope_store(

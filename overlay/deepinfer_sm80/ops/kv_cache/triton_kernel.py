@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.arch import kernel_config
-from deepinfer_sm80.ops._validate import check_int, check_tensor
+from deepinfer_sm80.ops._validate import check_int, check_paged_records, check_tensor
 from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_to_f32, f32_to_e4m3, ue8m0_to_f32
 from deepinfer_sm80.ops.kv_cache.layout import (
     HEAD_DIM,
@@ -158,13 +158,7 @@ def _check_cache(k_cache: torch.Tensor, block_size: int) -> None:
             f"block_size: {block_size} does not match k_cache.shape[1]="
             f"{k_cache.shape[1]} (tokens per page)"
         )
-    if k_cache.stride(-1) != 1:
-        raise ValueError("k_cache: the byte dimension must be contiguous (stride 1)")
-    if k_cache.stride(0) < block_size * RECORD_BYTES:
-        raise ValueError(
-            f"k_cache: page stride {k_cache.stride(0)} B is smaller than block_size "
-            f"{block_size} x {RECORD_BYTES} B; pass the page-strided cache vLLM allocates"
-        )
+    check_paged_records("k_cache", k_cache, RECORD_BYTES, block_size)
 
 
 def dequantize_and_gather_k_cache(

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from deepinfer_sm80.arch import kernel_config
 from deepinfer_sm80.ops._triton_utils import mma
-from deepinfer_sm80.ops._validate import check_tensor
+from deepinfer_sm80.ops._validate import check_paged_records, check_tensor
 from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_ue8m0_to_bf16
 from deepinfer_sm80.ops.kv_cache.layout import HEAD_DIM, RECORD_BYTES
 from deepinfer_sm80.testing.ampere_fit import KernelSpec
@@ -447,13 +447,12 @@ def _as_cache(name: str, cache: torch.Tensor) -> torch.Tensor:
         if cache.shape[2] != 1:
             raise ValueError(f"{name}: expected one KV head, got shape {tuple(cache.shape)}")
         cache = cache.squeeze(2)
-    if cache.shape[-1] != RECORD_BYTES or cache.stride(-1) != 1:
+    if cache.shape[-1] != RECORD_BYTES:
         raise ValueError(
             f"{name}: expected contiguous {RECORD_BYTES}-byte V4 records, got shape "
             f"{tuple(cache.shape)} (528/288-byte V4.1 records are SM100-only)"
         )
-    if cache.stride(0) < cache.shape[1] * RECORD_BYTES:
-        raise ValueError(f"{name}: page stride {cache.stride(0)} is smaller than a page")
+    check_paged_records(name, cache, RECORD_BYTES)
     if cache.stride(0) % 16 or cache.data_ptr() % 16:
         # The kernel loads records as 16-byte vectors; vLLM's pages always qualify.
         raise ValueError(

@@ -198,7 +198,12 @@ def _decode_case(registry: Registry, T: int, heads: int, main_width: int, extra_
             # Records read once per token, q read and out written per real head.
             bytes_moved=lambda st: T * (rows * RECORD_BYTES + heads * 512 * 2 * 2),
             flops=lambda st: T * heads * rows * 512 * 4,
-            gates=[Gate("bandwidth_fraction_min", 0.5)] if T == 256 else [],
+            # Issue targets: >= 50% of copy bandwidth at T=256, >= 1.3x at T <= 16.
+            gates=[Gate("bandwidth_fraction_min", 0.5)]
+            if T == 256
+            else [Gate("speedup_min", 1.3)]
+            if T <= 16
+            else [],
         )
     )
 

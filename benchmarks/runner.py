@@ -41,7 +41,8 @@ class Gate:
 
     ``kind``: ``"floor_ratio_max"`` -- candidate time / device floor (empty-kernel launch
     + bytes at copy bandwidth) must be <= ``value``; ``"bandwidth_fraction_min"`` --
-    achieved bytes/s over the measured copy bandwidth must be >= ``value``.
+    achieved bytes/s over the measured copy bandwidth must be >= ``value``;
+    ``"speedup_min"`` -- baseline time / candidate time must be >= ``value``.
     """
 
     kind: str
@@ -290,6 +291,9 @@ def run_case(
             passed = value <= gate.value
         elif gate.kind == "bandwidth_fraction_min":
             value = row.get("fraction_of_copy_bw", 0.0)
+            passed = value >= gate.value
+        elif gate.kind == "speedup_min":
+            value = row.get("speedup", 0.0)
             passed = value >= gate.value
         else:
             raise ValueError(f"unknown gate kind {gate.kind!r} in {case.suite}/{case.name}")

@@ -64,7 +64,12 @@ def test_failed_check_is_not_timed_and_reports_no_speedup(tmp_path):
 
 def test_speedup_bandwidth_and_gates(tmp_path):
     # 1 MB in 2 us = 500 GB/s = 50% of 1000 GB/s; floor = 1 us + 1 us = 2 us -> ratio 1.
-    gates = [Gate("bandwidth_fraction_min", 0.7), Gate("floor_ratio_max", 3.0)]
+    gates = [
+        Gate("bandwidth_fraction_min", 0.7),
+        Gate("floor_ratio_max", 3.0),
+        Gate("speedup_min", 5.0),
+        Gate("speedup_min", 5.5),
+    ]
     report = run_suite(
         "s",
         [_case("good", True, gates=gates)],
@@ -78,7 +83,7 @@ def test_speedup_bandwidth_and_gates(tmp_path):
     assert row["speedup"] == 5.0
     assert abs(row["candidate_gbs"] - 500.0) < 1e-9
     assert abs(row["floor_ratio"] - 1.0) < 1e-9
-    assert [g["passed"] for g in row["gates"]] == [False, True]
+    assert [g["passed"] for g in row["gates"]] == [False, True, True, False]
 
 
 def test_results_are_merged_per_gpu_and_in_summary(tmp_path):

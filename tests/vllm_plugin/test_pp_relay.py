@@ -127,6 +127,139 @@ def test_rows_round_trip_with_maps():
     assert torch.equal(target[4], out[3]) and target[[0, 1, 3, 5, 6, 7, 8, 10, 11]].eq(-7).all()
 
 
+# Decode lengths per request, prefill tokens after them, padded (graph) tokens after those.
+CANDIDATE_BATCHES = [
+    pytest.param([1, 6], 0, 0, id="short-then-full: 12 padded rows > 7 tokens"),
+    pytest.param([6, 1, 3], 4, 0, id="uneven with prefill rows overwritten"),
+    pytest.param([5, 0, 6], 0, 2, id="a zero-length request and padding tokens"),
+    pytest.param([2, 2, 2], 3, 1, id="uniform: identity"),
+    pytest.param([4, 2], 9, 0, id="divisible but uneven: padded per vLLM"),
+]
+
+
+def _indexer_candidate_writes(lens, num_prefill, pad, width, g):
+    """The candidate buffer as vLLM 0.33.0's source indexer leaves it, with vLLM's own
+    ``pack_seq_triton`` placing decode rows: prefill rows token-absolute first, then
+    decode rows ``[0, B * Lmax)`` in the padded layout when ``needs_padded_path``."""
+    from vllm.v1.attention.ops.common import pack_seq_triton
+
+    decode_lens = torch.tensor(lens, dtype=torch.int32)
+    nd, batch, lmax = sum(lens), len(lens), max(lens)
+    n = nd + num_prefill + pad
+    padded = min(lens) != max(lens) or nd % batch != 0
+    buffer = torch.full((max(n, batch * lmax) + 3, width), -3, dtype=torch.int32)
+    buffer[nd : nd + num_prefill] = torch.randint(0, 1 << 20, (num_prefill, width), generator=g)
+    decode_vals = torch.randint(0, 1 << 20, (nd, width), generator=g, dtype=torch.int32)
+    # Which token each decode row holds (-1: a padding slot, computed from a zero query).
+    owner = torch.arange(nd, dtype=torch.float32).unsqueeze(1)
+    if padded:
+        owner = pack_seq_triton(owner, decode_lens, pad_value=-1.0).reshape(-1).to(torch.int64)
+        garbage = torch.full((width,), -77, dtype=torch.int32)
+        rows = torch.stack([decode_vals[t] if t >= 0 else garbage for t in owner.tolist()])
+        buffer[: rows.shape[0]] = rows
+    else:
+        owner = torch.arange(nd)
+        buffer[:nd] = decode_vals
+    return buffer, decode_lens, owner, n, padded
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("lens,num_prefill,pad", CANDIDATE_BATCHES)
+def test_candidate_rows_follow_the_indexers_padded_layout(lens, num_prefill, pad):
+    pytest.importorskip("vllm")
+    g = torch.Generator().manual_seed(sum(lens) * 7 + num_prefill)
+    width = 16
+    source, decode_lens, owner, n, padded = _indexer_candidate_writes(
+        lens, num_prefill, pad, width, g
+    )
+    nd = sum(lens)
+    row_map = records.candidate_rows(n, nd, decode_lens, padded)
+    if not padded:
+        assert row_map is None
+    else:  # every decode token's padded row is where vLLM's pack put it
+        for row, token in enumerate(owner.tolist()):
+            if token >= 0:
+                assert row_map[token] == row
+        assert torch.equal(row_map[nd:], torch.arange(nd, n))
+    # Send [n, width] in the consumer view, install into a poisoned receiver buffer.
+    payload = torch.full((n, width), -5, dtype=torch.int32)
+    records.pack_rows(source, payload, row_map)
+    mirror = torch.full_like(source, -9)
+    records.unpack_rows(payload, mirror, row_map)
+    # What the consumer indexers read meaningfully equals the source rank's buffer:
+    # every real decode row of the layout, and the prefill rows (quirk included).
+    decode_rows = [r for r, t in enumerate(owner.tolist()) if t >= 0]
+    read = decode_rows + list(range(nd, nd + num_prefill))
+    assert torch.equal(mirror[read], source[read])
+    if padded and len(owner) > n:  # rows [0, n) alone would lose real decode rows
+        plain = torch.full_like(source, -9)
+        records.unpack_rows(source[:n], plain)
+        assert not torch.equal(plain[read], source[read])
+
+
+@pytest.mark.vllm
+def test_candidate_row_map_reads_vllms_indexer_metadata():
+    pytest.importorskip("vllm")
+    from vllm.v1.attention.backends.mla.indexer import (
+        DeepSeekV32IndexerDecodeMetadata,
+        DeepseekV32IndexerMetadata,
+    )
+
+    from deepinfer_sm80.vllm_plugin.pp_relay.relay import candidate_row_map
+
+    def meta(lens, num_prefill_tokens, requires_padding):
+        z = torch.zeros(1, dtype=torch.int32)
+        decode = DeepSeekV32IndexerDecodeMetadata(
+            block_table=z,
+            seq_lens=z,
+            decode_lens=torch.tensor(lens, dtype=torch.int32),
+            requires_padding=requires_padding,
+            schedule_metadata=z,
+        )
+        return DeepseekV32IndexerMetadata(
+            seq_lens=z,
+            max_seq_len=1,
+            slot_mapping=z,
+            num_decodes=len(lens),
+            num_decode_tokens=sum(lens),
+            num_prefills=int(num_prefill_tokens > 0),
+            num_prefill_tokens=num_prefill_tokens,
+            decode=decode,
+        )
+
+    name = "model.layers.20.attn.indexer.k_cache"
+    uneven = meta([1, 6], 0, True)
+    rows = candidate_row_map({name: uneven}, name, 7)
+    assert rows.tolist() == [0, 6, 7, 8, 9, 10, 11]
+    # A receiver without the source's index-K name uses another indexer's metadata.
+    other = {"model.layers.28.attn": object(), "model.layers.31.attn.indexer.k_cache": uneven}
+    assert torch.equal(candidate_row_map(other, name, 7), rows)
+    # vLLM pads when the token count does not divide by the request count, too.
+    assert candidate_row_map({name: meta([2, 1], 0, False)}, name, 3).tolist() == [0, 1, 2]
+    assert candidate_row_map({name: meta([1, 2], 4, False)}, name, 7).tolist() == [
+        0,
+        2,
+        3,
+        3,
+        4,
+        5,
+        6,
+    ]
+    # Identity: uniform decode, prefill only, no indexer metadata at all.
+    assert candidate_row_map({name: meta([3, 3], 2, False)}, name, 8) is None
+    prefill_only = meta([1], 5, False)
+    prefill_only.num_decodes, prefill_only.decode = 0, None
+    assert candidate_row_map({name: prefill_only}, name, 5) is None
+    assert candidate_row_map({"model.layers.28.attn": object()}, name, 5) is None
+
+
+def test_candidate_rows_refuse_what_cannot_be_laid_out():
+    with pytest.raises(ValueError, match="decode_lens"):
+        records.candidate_rows(4, 3, None, True)
+    with pytest.raises(ValueError, match="num_decode_tokens"):
+        records.candidate_rows(2, 3, torch.tensor([1, 2]), True)
+
+
 def test_bad_inputs_name_the_argument():
     cache = paged(2, 8, 584, pad=0)
     with pytest.raises(ValueError, match="no known record layout is 100 bytes"):
@@ -516,6 +649,13 @@ def _child_construct(tmp: Path, out: Path) -> None:
     slots = torch.tensor([64, 65, 66, -1, 130, 131, 0], dtype=torch.int64)
     positions = torch.tensor([0, 1, 2, 0, 0, 1, 9], dtype=torch.int64)
     meta = {n: types.SimpleNamespace(slot_mapping=slots) for n in names}
+    # An eager step with uneven decode lengths (1 and 6 tokens, no prefill): the
+    # indexer lays decode candidate rows out padded, 2 x 6 = 12 rows for 7 tokens.
+    meta[names[1]].num_decodes, meta[names[1]].num_decode_tokens = 2, t
+    meta[names[1]].decode = types.SimpleNamespace(
+        decode_lens=torch.tensor([1, 6], dtype=torch.int32), requires_padding=True
+    )
+    read_rows = [0, 6, 7, 8, 9, 10, 11]  # request 0's token, request 1's six tokens
     order = []
 
     def stub_forward(self, input_ids, positions, intermediate_tensors, *args):
@@ -529,8 +669,8 @@ def _child_construct(tmp: Path, out: Path) -> None:
             indexer_k_norm_rope_store(
                 k_pre, positions, cos_sin, weight, 1e-6, ctx1[names[1]].kv_cache, slots, 1, False
             )
-            self.candidate_block_buffer[:t] = torch.randint(
-                0, 99, (t, 64), generator=g, dtype=torch.int32
+            self.candidate_block_buffer[:12] = torch.randint(
+                0, 99, (12, 64), generator=g, dtype=torch.int32
             )
             return IntermediateTensors(
                 {
@@ -571,7 +711,7 @@ def _child_construct(tmp: Path, out: Path) -> None:
     )
     result["mirror_decodes_like_source"] = bool(torch.equal(*decoded)) and same_ik
     result["candidates_relayed"] = bool(
-        torch.equal(m2.candidate_block_buffer[:t], m1.candidate_block_buffer[:t])
+        torch.equal(m2.candidate_block_buffer[read_rows], m1.candidate_block_buffer[read_rows])
     )
     # A profile run (no attention metadata) still emits every key, zero-filled.
     with override_forward_context(create_forward_context(None, vc1)):

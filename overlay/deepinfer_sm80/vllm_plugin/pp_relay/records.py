@@ -209,3 +209,46 @@ def unpack_rows(payload: torch.Tensor, buffer: torch.Tensor, row_dst: torch.Tens
     dst = torch.where(valid, row_dst, row_dst[first].clamp(min=0)).to(torch.int64)
     values = torch.where(valid.any(), payload[:n][row], buffer[dst])
     buffer.index_put_((dst,), values)
+
+
+def candidate_rows(
+    num_rows: int,
+    num_decode_tokens: int,
+    decode_lens: torch.Tensor | None,
+    padded: bool,
+) -> torch.Tensor | None:
+    """Where each token's candidate row sits in the buffer once the source indexer ran
+    (design §5): the consumer view that ``pack_rows``/``unpack_rows`` take as a row map.
+
+    vLLM 0.33.0's indexer writes prefill rows token-absolute (``token_start:token_end``)
+    and then decode rows ``[0, B * Lmax)`` in its *padded* layout whenever decode
+    lengths are uneven (``needs_padded_path``; ``Lmax = max(decode_lens)``): request
+    ``b``'s ``p``-th decode token lands on row ``b * Lmax + p``. Later indexers read
+    the buffer in the same layout. With uneven lengths ``B * Lmax`` may exceed the
+    token count, so relaying rows ``[0, n)`` would drop real decode rows.
+
+    Returns ``None`` when the layout is the identity (no decode tokens, or uniform
+    decode: every FULL-graph DSpark step); else an int64 map ``[num_rows]``: padded
+    row for decode tokens, the token's own row for the rest. Device ops only, no host
+    sync. Every entry is gathered from the sender's final buffer, so two tokens that
+    map to one row (the upstream quirk where padded decode rows overwrite the first
+    prefill rows) carry the same value and the scatter is order-free.
+    """
+    if not padded or num_decode_tokens == 0:
+        return None
+    if decode_lens is None or decode_lens.dim() != 1 or decode_lens.numel() == 0:
+        raise ValueError(
+            "decode_lens: a padded decode layout needs the per-request decode lengths "
+            f"[num_decodes], got {None if decode_lens is None else tuple(decode_lens.shape)}"
+        )
+    if num_decode_tokens > num_rows:
+        raise ValueError(
+            f"num_decode_tokens: {num_decode_tokens} decode tokens do not fit {num_rows} rows"
+        )
+    lens = decode_lens.to(torch.int64)
+    ends = torch.cumsum(lens, 0)
+    width = lens.max()
+    token = torch.arange(num_rows, device=lens.device)
+    request = torch.searchsorted(ends, token, right=True).clamp(max=lens.numel() - 1)
+    padded_row = request * width + (token - (ends[request] - lens[request]))
+    return torch.where(token < num_decode_tokens, padded_row, token)

@@ -115,6 +115,24 @@ def register_mirrors(stage: StageRelay, vllm_config) -> None:
             stage.mirrors[name] = make_index_k_mirror(name, int(ratios[item.source]), vllm_config)
 
 
+def candidate_row_map(attn_metadata: dict, index_k_name: str, rows: int):
+    """The consumer-view row map of the candidate buffer for this step (``None`` =
+    identity), from the indexer metadata the source writes with and the consumers
+    read with: the source's index-K name where this rank has it (owner or mirror),
+    else any indexer's (the decode layout is a property of the batch)."""
+    meta = attn_metadata.get(index_k_name)
+    if not hasattr(meta, "num_decode_tokens"):
+        meta = next((m for m in attn_metadata.values() if hasattr(m, "num_decode_tokens")), None)
+    decode = getattr(meta, "decode", None)
+    if decode is None or meta.num_decodes == 0:
+        return None
+    num_decode_tokens = int(meta.num_decode_tokens)
+    lens = decode.decode_lens
+    # vLLM's needs_padded_path, evaluated the same way (host values only).
+    padded = bool(decode.requires_padding) or num_decode_tokens % lens.shape[0] != 0
+    return records.candidate_rows(rows, num_decode_tokens, lens, padded)
+
+
 def _local_attentions(model) -> list[Any]:
     return [
         layer.attn
@@ -180,6 +198,14 @@ class PipelineRelayDeepseekV4Model(v41.DeepseekV4Model):
             return self.candidate_block_buffer
         return self.topk_indices_buffer
 
+    def _row_map(self, item, attn_metadata, rows: int):
+        """Candidate rows travel in the consumer view (design §5); Top-K rows are
+        token-indexed once the indexer has unpacked them, so rows ``[0, n)`` are exact."""
+        if item.kind != "candidates":
+            return None
+        index_k = f"{self._pp_relay.layers_prefix}.{item.source}.attn.indexer.k_cache"
+        return candidate_row_map(attn_metadata, index_k, rows)
+
     def install_relay(self, intermediate_tensors: IntermediateTensors, attn_metadata) -> None:
         """Receiving stage, before its first layer: write the records into the mirrors
         and the rows into this rank's candidate / Top-K buffers."""
@@ -189,7 +215,11 @@ class PipelineRelayDeepseekV4Model(v41.DeepseekV4Model):
                 cache, slots = self._cache_and_slots(item, attn_metadata)
                 records.unpack_records(payload, slots[: payload.shape[0]], cache)
             else:
-                records.unpack_rows(payload, self._buffer(item))
+                records.unpack_rows(
+                    payload,
+                    self._buffer(item),
+                    self._row_map(item, attn_metadata, payload.shape[0]),
+                )
 
     def pack_relay(self, output: IntermediateTensors, attn_metadata) -> None:
         """Sending stage, after its last layer: add what the next stage receives."""
@@ -203,7 +233,7 @@ class PipelineRelayDeepseekV4Model(v41.DeepseekV4Model):
                 cache, slots = self._cache_and_slots(item, attn_metadata)
                 records.pack_records(cache, slots[:rows], out)
             else:
-                records.pack_rows(self._buffer(item), out)
+                records.pack_rows(self._buffer(item), out, self._row_map(item, attn_metadata, rows))
             output[item.key] = out
 
     def forward(

@@ -20,13 +20,22 @@ def test_ours_runs_first_then_vllms(monkeypatch):
     from deepinfer_sm80.vllm_plugin import warmup
 
     calls = []
+    from deepinfer_sm80.vllm_plugin import pp_broadcast
+
     monkeypatch.setattr(warmup, "warm_overlay_kernels", lambda r: calls.append(("ours", r)))
+    monkeypatch.setattr(
+        pp_broadcast, "prewarm_post_update", lambda r: calls.append(("pp post-update", r))
+    )
     monkeypatch.setattr(
         warmup, "_vllm_warmup_kernels", lambda r, e, s: calls.append(("vllm", r, e, s))
     )
     runner = _runner()
     warmup.warmup_kernels(runner, "exec", "sample")
-    assert calls == [("ours", runner), ("vllm", runner, "exec", "sample")]
+    assert calls == [
+        ("ours", runner),
+        ("pp post-update", runner),
+        ("vllm", runner, "exec", "sample"),
+    ]
 
 
 def test_mhc_warmup_gets_the_servers_sizes_model_constants_and_aot_folder(monkeypatch, tmp_path):

@@ -238,6 +238,17 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="vLLM's DSpark draft loads its embedding under PP",
     ),
     LedgerEntry(
+        name="pp-broadcast-steady",
+        targets=("vllm.v1.worker.gpu.model_runner:PPHandler",),
+        replacement="deepinfer_sm80.vllm_plugin.pp_broadcast:SteadyPPHandler",
+        reason="with PP > 1 the sampled-token width (1 or K+1) and the alignment of the "
+        "rejected counts ([2, num_reqs] int32) vary per step, so the non-last ranks' "
+        "post-update Triton kernel can compile mid-serving, the hang vLLM #56956 fixed; "
+        "ours is vLLM's PPHandler handing out fixed-width, aligned outputs (one variant, "
+        "pre-warmed by kernel-warmup); the wire format is unchanged",
+        remove_when="vLLM pads the PP broadcast and pre-warms post_update (#56956)",
+    ),
+    LedgerEntry(
         name="engram-lookup",
         targets=(f"{_V41}.common.engram:_engram_lookup_kernel",),
         replacement="deepinfer_sm80.ops.engram:engram_lookup_kernel_override",

@@ -55,6 +55,10 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
 
 
 def warmup_kernels(model_runner, worker_execute_model, worker_sample_tokens) -> None:
-    """vLLM's ``warmup_kernels`` with our kernels compiled first (same signature)."""
+    """vLLM's ``warmup_kernels`` with our kernels compiled first (same signature), and
+    on non-last PP ranks the sampled-token post-update (``pp_broadcast``)."""
+    from deepinfer_sm80.vllm_plugin.pp_broadcast import prewarm_post_update
+
     warm_overlay_kernels(model_runner)
+    prewarm_post_update(model_runner)
     return _vllm_warmup_kernels(model_runner, worker_execute_model, worker_sample_tokens)

@@ -1,0 +1,113 @@
+"""DSpark over PP: the sampled-token post-update never compiles a new kernel mid-serving.
+
+With PP > 1 the last stage broadcasts each step's sampled tokens and accept counts to
+the other stages (``PPHandler``, ``vllm/v1/worker/gpu/pp_utils.py``), which apply them
+``pp_size`` steps later with vLLM's Triton ``_post_update_kernel``. Triton compiles one
+variant per *specialization*: 16-byte alignment of every pointer, integers equal to 1,
+``None`` arguments. In 0.33.0 two of them change with the traffic:
+
+- the sampled-token width alternates between 1 (no drafts in the batch) and K+1, and
+  Triton specializes the row stride ``== 1``;
+- the accept counts arrive as one ``[2, num_reqs]`` int32 buffer, so the rejected-count
+  row starts 16-byte aligned only when ``num_reqs % 4 == 0``.
+
+A variant first met while serving compiles, and loading its CUDA module waits behind
+NCCL kernels still spinning on the side stream: the hang reported upstream for DSpark
+with PP (vLLM #53577 and #56956, and #53402 on an SM86 fork; shared/docs/
+pp-relay-design.md §8.6, patch P6). The plugin closes the variant set and compiles it
+before serving:
+
+- ``SteadyPPHandler`` (ledger entry ``pp-broadcast-steady``) is vLLM's ``PPHandler``
+  whose consumed outputs always have rows ``max_sample_len`` wide and 16-byte-aligned
+  count vectors (a small copy on the main stream after the receive event, outside any
+  CUDA graph). The wire format is untouched, so every rank still agrees on it.
+- ``prewarm_post_update`` runs the runner's own ``postprocess_sampled`` on non-last
+  ranks with every request index -1 (the kernel returns before touching any state),
+  once without and once with drafts: the only two variants left. The plugin's kernel
+  warmup calls it before vLLM's warmup drives real PP steps.
+
+Not verified here: whether 0.33.0 hangs without this (that needs 3+ GPUs and DSpark
+traffic). What is tested on CPU: the outputs are equivalent for the kernel (vLLM's own
+``post_update`` under the interpreter) and Triton's sm_80 binder gives one
+specialization for all of them where vLLM's gives several.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+from vllm.v1.worker.gpu.pp_utils import PPHandler
+
+logger = logging.getLogger("deepinfer_sm80.pp_broadcast")
+
+ALIGN_BYTES = 16  # Triton's pointer-divisibility specialization
+
+
+def steady_outputs(outputs: dict, width: int) -> dict:
+    """``outputs`` of ``get_prev_sampled_outputs`` with a fixed kernel specialization:
+    ``sampled_tokens`` widened to ``width`` columns (extra columns are never read:
+    the kernel reads ``num_sampled`` of them) and misaligned count vectors copied."""
+    sampled = outputs["sampled_tokens"]
+    if sampled.dim() != 2 or sampled.shape[1] > width:
+        raise ValueError(
+            f"sampled_tokens: expected [num_reqs, <= {width}], got {tuple(sampled.shape)}"
+        )
+    steady = dict(outputs)
+    if sampled.shape[1] < width or not sampled.is_contiguous():
+        wide = sampled.new_zeros((sampled.shape[0], width))
+        wide[:, : sampled.shape[1]] = sampled
+        steady["sampled_tokens"] = wide
+    for key in ("num_sampled", "num_rejected"):
+        counts = outputs[key]
+        if counts.data_ptr() % ALIGN_BYTES or not counts.is_contiguous():
+            steady[key] = counts.clone(memory_format=torch.contiguous_format)
+    return steady
+
+
+class SteadyPPHandler(PPHandler):
+    """vLLM's ``PPHandler`` whose consumed outputs keep one kernel specialization."""
+
+    def get_prev_sampled_outputs(self):
+        outputs = super().get_prev_sampled_outputs()
+        if outputs is None:
+            return None
+        return steady_outputs(outputs, self.max_sample_len)
+
+
+def prewarm_post_update(model_runner, num_reqs: int = 4) -> int:
+    """Compile the post-update variants a non-last PP rank will launch, before serving.
+    Returns how many were launched (0 on the last rank or without PP)."""
+    handler = getattr(model_runner, "pp_handler", None)
+    if handler is None or handler.is_last_rank:
+        return 0
+    device = model_runner.device
+    width, steps = handler.max_sample_len, handler.num_speculative_steps
+    # Every row skipped (idx -1): the kernel returns before reading or writing state.
+    idx_mapping = torch.from_numpy(np.full(num_reqs, -1, dtype=np.intp)).to(device)
+    counts = torch.zeros(2, num_reqs, dtype=torch.int32, device=device)
+    sampled = torch.zeros(num_reqs, width, dtype=torch.int64, device=device)
+    drafts = [None] + ([sampled.new_zeros(num_reqs, steps)] if steps > 0 else [])
+    start = time.perf_counter()
+    for draft_tokens in drafts:
+        outputs = steady_outputs(
+            dict(
+                sampled_tokens=sampled,
+                num_sampled=counts[0],
+                num_rejected=counts[1],
+                idx_mapping=idx_mapping,
+                draft_tokens=draft_tokens,
+            ),
+            width,
+        )
+        model_runner.postprocess_sampled(**outputs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the compile time lands here, not on a request
+    logger.info(
+        "deepinfer-sm80: PP post-update pre-warmed (%d variants, %.1f s)",
+        len(drafts),
+        time.perf_counter() - start,
+    )
+    return len(drafts)

@@ -16,6 +16,8 @@ earlier pipeline stage finds no cache at model construction: stock vLLM raises
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 NUM_LAYERS = 40
@@ -61,14 +63,39 @@ class PluginCapabilities:
     """What the overlay's vLLM plugin can do about cross-stage sharing.
 
     ``relays_shared_kv``: layer-source caches (compressed KV, indexer K) and candidate
-    rows are mirrored and relayed to later stages (the pipeline relay). Not built yet:
-    until it is, a cut inside a sharing group is refused before launch.
+    rows are mirrored and relayed to later stages (the pipeline relay,
+    ``vllm_plugin/pp_relay``). It is built and tested on CPU against vLLM 0.33.0 but has
+    not run on GPUs, so it is off by default and opt-in (``RELAY_OPT_IN_ENV``).
     """
 
     relays_shared_kv: bool = False
 
 
+# What the plugin does by default. The relay turns on by default once the end-to-end
+# check on GPUs (vllm_plugin/pp_relay/README.md) has passed.
 PLUGIN_CAPABILITIES = PluginCapabilities(relays_shared_kv=False)
+# Set to 1 to use the pipeline relay before then: the launcher accepts cuts inside
+# sharing groups (with a warning) and the plugin in every worker builds the relay.
+RELAY_OPT_IN_ENV = "DEEPINFER_PP_RELAY"
+
+
+def plugin_capabilities(env: Mapping[str, str] = os.environ) -> PluginCapabilities:
+    """The capabilities in force here: the defaults, plus the relay when opted in."""
+    opted_in = env.get(RELAY_OPT_IN_ENV) == "1"
+    return PluginCapabilities(relays_shared_kv=PLUGIN_CAPABILITIES.relays_shared_kv or opted_in)
+
+
+def cuts_phrase(cuts) -> str:
+    """'the cut at layer 28' / 'the cuts at layers 7, 21'."""
+    cuts = [str(c) for c in cuts]
+    return (
+        f"the cut at layer {cuts[0]}" if len(cuts) == 1 else f"the cuts at layers {', '.join(cuts)}"
+    )
+
+
+def relay_unproven(capabilities: PluginCapabilities) -> bool:
+    """True when the relay is in use but not yet a default (not yet run on GPUs)."""
+    return capabilities.relays_shared_kv and not PLUGIN_CAPABILITIES.relays_shared_kv
 
 
 @dataclass(frozen=True)
@@ -138,8 +165,9 @@ def partition_errors(
         errors.append(
             f"the cut at layer {item.cut} splits the sharing group {item.group}: "
             f"{', '.join(item.objects)} would have to cross stages, which vLLM 0.33.0 "
-            f"cannot do and the overlay's pipeline relay does not yet provide. Legal "
-            f"stage starts: {', '.join(map(str, legal))}"
+            f"cannot do. The overlay's pipeline relay carries them but has not run on "
+            f"GPUs yet: set {RELAY_OPT_IN_ENV}=1 to use it, or start stages only at "
+            f"layers {', '.join(map(str, legal))}"
         )
     return errors
 

@@ -55,13 +55,41 @@ def test_shipped_topologies_parse(name):
 
 
 @pytest.mark.parametrize("name", ["tp2-pp3", "pp6"])
-def test_cuts_inside_groups_are_refused_until_the_relay_lands(name):
+def test_cuts_inside_groups_are_refused_unless_the_relay_is_opted_in(name, monkeypatch):
+    monkeypatch.delenv(mt.RELAY_OPT_IN_ENV, raising=False)
     v = validate(*load(name))
     assert not v.launchable
     assert any("splits the sharing group layers 20-39" in e for e in v.errors)
-    assert all("Legal stage starts: 1, 2, 8, 14, 20" in e for e in v.errors)
-    relay = mt.PluginCapabilities(relays_shared_kv=True)
-    assert validate(*load(name), capabilities=relay).launchable
+    assert all("start stages only at layers 1, 2, 8, 14, 20" in e for e in v.errors)
+    assert all(f"set {mt.RELAY_OPT_IN_ENV}=1 to use it" in e for e in v.errors)
+    # Opted in: launchable, with a warning that the relay has not run on GPUs.
+    monkeypatch.setenv(mt.RELAY_OPT_IN_ENV, "1")
+    v = validate(*load(name))
+    assert v.launchable
+    (warning,) = [w for w in v.warnings if "pipeline relay" in w]
+    assert "has not run on GPUs" in warning and "layer" in warning
+    # Once the relay is the plugin's default (proven on GPUs), no opt-in and no warning.
+    monkeypatch.delenv(mt.RELAY_OPT_IN_ENV)
+    monkeypatch.setattr(mt, "PLUGIN_CAPABILITIES", mt.PluginCapabilities(relays_shared_kv=True))
+    v = validate(*load(name))
+    assert v.launchable and not [w for w in v.warnings if "pipeline relay" in w]
+
+
+def test_relay_opt_in_reaches_every_worker_through_the_launch_env(monkeypatch):
+    from deepinfer_sm80.deploy import launcher
+
+    topo, _ = load("tp2-pp3")
+    monkeypatch.delenv(mt.RELAY_OPT_IN_ENV, raising=False)
+    assert mt.RELAY_OPT_IN_ENV not in launcher.render(topo).env
+    monkeypatch.setenv(mt.RELAY_OPT_IN_ENV, "1")
+    plan = launcher.render(topo)
+    assert plan.env[mt.RELAY_OPT_IN_ENV] == "1"
+    assert any(d.startswith(f"{mt.RELAY_OPT_IN_ENV}=1") for d, _ in plan.decisions)
+    # A topology whose cuts cross nothing does not switch it on, opted in or not.
+    assert mt.RELAY_OPT_IN_ENV not in launcher.render(load("tp4-pp2")[0]).env
+    assert mt.plugin_capabilities({}).relays_shared_kv is False
+    assert mt.plugin_capabilities({mt.RELAY_OPT_IN_ENV: "1"}).relays_shared_kv is True
+    assert mt.plugin_capabilities({mt.RELAY_OPT_IN_ENV: "yes"}).relays_shared_kv is False
 
 
 def test_asymmetric_tp_is_plan_only():
@@ -208,7 +236,8 @@ def test_warnings(tmp_path):
 # ------------------------------------------------------------------ CLI and schema
 
 
-def test_cli_dry_run_and_refusal(capsys):
+def test_cli_dry_run_and_refusal(capsys, monkeypatch):
+    monkeypatch.delenv(mt.RELAY_OPT_IN_ENV, raising=False)
     assert cli.main(["launch", "tp8", "--dry-run"]) == 0
     out = capsys.readouterr()
     assert "vllm serve deepseek-ai/DeepSeek-V4.1-Flash" in out.out

@@ -184,16 +184,18 @@ def test_launcher_renders_or_refuses_in_the_image():
 
 
 @pytest.mark.parametrize(
-    ("topology", "code", "message"),
+    ("topology", "relay", "code", "message"),
     [
         # Launchable topology, no GPUs: the preflight stops it with the fix.
-        ("tp8", 3, "preflight gpus"),
-        # The default topology needs the pipeline relay, not built yet: refused up front.
-        ("tp2-pp3", 2, "refused before launch"),
+        ("tp8", "0", 3, "preflight gpus"),
+        # The default topology needs the pipeline relay, off by default: refused up front.
+        ("tp2-pp3", "0", 2, "refused before launch"),
+        # Opted in through .env / compose: it validates, then the preflight stops it.
+        ("tp2-pp3", "1", 3, "preflight gpus"),
     ],
 )
-def test_service_without_gpus_exits_with_a_clear_message(topology, code, message):
-    env = {"TOPOLOGY": topology, "GPU_COUNT": "1"}
+def test_service_without_gpus_exits_with_a_clear_message(topology, relay, code, message):
+    env = {"TOPOLOGY": topology, "GPU_COUNT": "1", "DEEPINFER_PP_RELAY": relay}
     up = _run([*COMPOSE, "up", "--no-build", "--abort-on-container-exit",
                "--exit-code-from", "deepinfer"], env=env, timeout=300)  # fmt: skip
     logs = up.stdout + up.stderr

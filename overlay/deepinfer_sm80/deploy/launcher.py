@@ -11,6 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from deepinfer_sm80 import model_topology
 from deepinfer_sm80.deploy.schema import Topology
 
 ENGINE_READY_TIMEOUT_S = 3600  # loading ~475 GiB of weights takes long (vLLM recipes)
@@ -87,6 +88,18 @@ def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
                 "vLLM's default even split cuts DeepSeek-V4.1's sharing groups",
             )
         )
+        crossing = model_topology.cross_stage(par.partition)
+        if crossing and model_topology.plugin_capabilities().relays_shared_kv:
+            # Every worker's plugin must build the relay: set it for them (and in the
+            # config hash, so the nodes of a multi-node server agree).
+            env[model_topology.RELAY_OPT_IN_ENV] = "1"
+            decisions.append(
+                (
+                    f"{model_topology.RELAY_OPT_IN_ENV}=1",
+                    model_topology.cuts_phrase(dict.fromkeys(c.cut for c in crossing))
+                    + " inside a sharing group: the plugin's pipeline relay carries its caches",
+                )
+            )
     argv += [
         "--max-model-len",
         str(topo.max_model_len),

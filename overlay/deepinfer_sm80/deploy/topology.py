@@ -101,8 +101,10 @@ def load(name_or_path: str) -> tuple[Topology, Path]:
 def validate(
     topo: Topology,
     path: Path,
-    capabilities: model_topology.PluginCapabilities = model_topology.PLUGIN_CAPABILITIES,
+    capabilities: model_topology.PluginCapabilities | None = None,
 ) -> Validation:
+    if capabilities is None:
+        capabilities = model_topology.plugin_capabilities()
     v = Validation(topo, path)
     par = topo.parallel
     pp = par.pipeline_parallel
@@ -160,6 +162,16 @@ def validate(
         else:
             for problem in model_topology.partition_errors(par.partition, capabilities):
                 v.errors.append(f"{path}: parallel.partition {par.partition}: {problem}")
+            crossing = model_topology.cross_stage(par.partition)
+            if crossing and model_topology.relay_unproven(capabilities):
+                cuts = model_topology.cuts_phrase(dict.fromkeys(c.cut for c in crossing))
+                v.warnings.append(
+                    f"{path}: parallel.partition {par.partition}: for {cuts} the pipeline "
+                    f"relay ({model_topology.RELAY_OPT_IN_ENV}=1) carries the shared caches; "
+                    "it is tested on CPU against vLLM 0.33.0 but has not run on GPUs (the "
+                    "end-to-end check is in overlay/deepinfer_sm80/vllm_plugin/pp_relay/"
+                    "README.md)"
+                )
     elif par.partition is not None and par.partition != [model_topology.NUM_LAYERS]:
         v.errors.append(f"{path}: parallel.partition: set only with pipeline_parallel > 1")
     if len(set(tps)) > 1:

@@ -16,8 +16,9 @@ Environment:
 - ``DEEPINFER_AOT_DIR``: ahead-of-time Triton kernels to seed the Triton cache from (the
   image sets /opt/deepinfer/kernels; see ``deepinfer_sm80.aot``).
 
-The pipeline relay (``pp_relay``) is wired but inert until ``model_topology``'s
-``relays_shared_kv`` is turned on (not yet proven on GPUs). The patch ledger
+The pipeline relay (``pp_relay``) is wired but inert unless ``DEEPINFER_PP_RELAY=1``
+(``model_topology.plugin_capabilities``; the launcher sets it for every worker when the
+user opts in); it becomes a default once it has run on GPUs. The patch ledger
 (``ledger.py``) lists what is switched. Nothing has served DeepSeek-V4.1 on an Ampere GPU
 yet.
 """

@@ -15,8 +15,8 @@ pipeline cut falls inside a sharing group:
   or from its own mirror: multi-hop forwarding is the same code).
 
 Inert (exactly vLLM's class) at PP=1, for cuts that cross nothing, and while the relay
-is not enabled: ``model_topology.PLUGIN_CAPABILITIES.relays_shared_kv`` or, to test it
-before that flag flips, ``DEEPINFER_PP_RELAY=1``.
+is not enabled (``model_topology.plugin_capabilities``: off by default until it has run on
+GPUs, on with ``DEEPINFER_PP_RELAY=1``).
 
 ``PipelineRelayDeepseekV41LLMForCausalLM`` only swaps ``model_cls``: vLLM binds the
 model class there at class creation, so the ledger rebinds the LLM class where the
@@ -45,11 +45,12 @@ from deepinfer_sm80.vllm_plugin.pp_relay.mirror import (
     make_index_k_mirror,
 )
 
-ENABLE_ENV = "DEEPINFER_PP_RELAY"
+ENABLE_ENV = model_topology.RELAY_OPT_IN_ENV
 
 
 def relay_enabled(env=os.environ) -> bool:
-    return model_topology.PLUGIN_CAPABILITIES.relays_shared_kv or env.get(ENABLE_ENV) == "1"
+    """The same rule the launcher validated the partition with."""
+    return model_topology.plugin_capabilities(env).relays_shared_kv
 
 
 def stage_partition(num_layers: int, pp_size: int) -> list[int]:

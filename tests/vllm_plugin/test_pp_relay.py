@@ -2,8 +2,9 @@
 
 - records: pack/unpack of per-slot records for every record width, page strides that
   differ between ranks, slots of -1, padded token counts, zero tokens;
-- a mirror filled only by the relay decodes bit-identically to the source cache (our
-  writers fill the source, our gather decodes both);
+- a mirror filled only by the relay decodes bit-identically to the source cache, with
+  our writers and gather and with vLLM 0.33.0's own (its Triton writers fill the source,
+  its ``dequantize_and_gather_k_cache_triton`` decodes both, under the interpreter);
 - construction against the real vLLM 0.33.0 DeepSeek-V4.1 model with a tiny config that
   keeps the 40-layer topology (in a subprocess: it fakes the pipeline group and stubs the
   CUDA-only pieces), the relay glue on the built stages, and the relay keys;
@@ -286,10 +287,30 @@ def test_bad_inputs_name_the_argument():
 # a mirror fed only by the relay decodes like the source
 
 
-def test_mirror_fed_by_relay_decodes_bit_identically(device):
-    from deepinfer_sm80.ops.cache_writers import indexer_k_norm_rope_store, rope_quant_insert
-    from deepinfer_sm80.ops.kv_cache import dequantize_and_gather_k_cache
+def _writers_and_gather(impl: str):
+    """The compressed-KV writer, the index-K writer and the record gather: ours, or vLLM
+    0.33.0's own (its Triton kernels, run by the interpreter on CPU)."""
+    if impl == "ours":
+        from deepinfer_sm80.ops.cache_writers import indexer_k_norm_rope_store, rope_quant_insert
+        from deepinfer_sm80.ops.kv_cache import dequantize_and_gather_k_cache
 
+        return rope_quant_insert, indexer_k_norm_rope_store, dequantize_and_gather_k_cache
+    ops = "vllm.models.deepseek_v41.common.ops"
+    compress = pytest.importorskip(f"{ops}.fused_compress_quant_cache")
+    indexer = pytest.importorskip(f"{ops}.indexer_k_store")
+    cache_utils = pytest.importorskip(f"{ops}.cache_utils")
+    return (
+        compress.rope_quant_insert,
+        indexer.indexer_k_norm_rope_store,
+        cache_utils.dequantize_and_gather_k_cache_triton,
+    )
+
+
+@pytest.mark.parametrize("impl", ["ours", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_mirror_fed_by_relay_decodes_bit_identically(device, impl):
+    rope_quant_insert, indexer_k_norm_rope_store, dequantize_and_gather_k_cache = (
+        _writers_and_gather(impl)
+    )
     g = torch.Generator().manual_seed(3)
     bs, blocks, max_pos = 16, 6, 256
     src_kv = paged(blocks, bs, 584, pad=8640 + 4)

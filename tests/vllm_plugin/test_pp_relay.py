@@ -7,7 +7,8 @@
   its ``dequantize_and_gather_k_cache_triton`` decodes both, under the interpreter);
 - construction against the real vLLM 0.33.0 DeepSeek-V4.1 model with a tiny config that
   keeps the 40-layer topology (in a subprocess: it fakes the pipeline group and stubs the
-  CUDA-only pieces), the relay glue on the built stages, and the relay keys;
+  CUDA-only pieces), the relay glue on the built stages, the relay keys, and vLLM's own
+  KV planning over the stages' specs (groups as at PP=1, mirrors beside their owner);
 - a payload sent over gloo between two processes with vLLM's own PP send/recv.
 """
 
@@ -546,6 +547,20 @@ def test_stage3_of_14_14_12_raises_without_the_relay_and_builds_with_it(tmp_path
     ]
     # DSpark over PP: aux layers on the last stage after its first layer are accepted.
     assert got["aux_ok"] is True and "not on the last stage" in got["aux_bad"]
+    # vLLM's own KV planning over the three stages' specs (design T4): the global groups
+    # are those of the same model at PP=1; stage 3 holds layer 20's mirrors in the same
+    # groups as their owner on stage 2, so the scheduler's block ids address the same
+    # records on both; every stage gets one block count; the mirrors get pages.
+    plan = got["kv_planning"]
+    assert plan["groups_equal_pp1"] is True and plan["num_groups"] > 1
+    mirrors = ["model.layers.20.attn", "model.layers.20.attn.indexer.k_cache"]
+    assert plan["mirror_layers_on_stage3"] == mirrors
+    for name in mirrors:
+        on_stage2, on_stage3 = plan["mirror_groups"][name]
+        assert len(on_stage2) == 1 and on_stage2 == on_stage3, name
+    assert plan["stage3_names_in_groups"] == []  # nothing planned that stage 3 lacks
+    assert len(set(plan["num_blocks"])) == 1
+    assert plan["stage3_tensor_names"] == mirrors
 
 
 def _child_construct(tmp: Path, out: Path) -> None:
@@ -750,7 +765,101 @@ def _child_construct(tmp: Path, out: Path) -> None:
         result["aux_bad"] = "accepted"
     except ValueError as exc:
         result["aux_bad"] = str(exc)
+    result["kv_planning"] = _kv_planning([vc for _, vc in models], config, pp)
     out.write_text(json.dumps(result))
+
+
+def _kv_planning(stage_configs, config, pp) -> dict:
+    """vLLM 0.33.0's own KV planning (the engine core's calls) over the three stages'
+    specs, next to a PP=1 build of the same model: the global groups must not change,
+    stage 3's projection must hold layer 20's mirrors in the groups of their owner on
+    stage 2 (so the scheduler hands both the same block ids), and every worker must
+    get one block count."""
+    import os
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        record_kv_cache_layout,
+        resolve_kv_cache_layout,
+    )
+    from vllm.v1.core.kv_cache_planning import (
+        _project_kv_cache_groups_to_worker,
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+    )
+    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
+
+    from deepinfer_sm80.vllm_plugin.pp_relay import relay
+
+    def specs(vc):
+        # On a CPU platform vLLM turns the hybrid KV cache manager off; on CUDA GPUs
+        # (where this plan runs for real) it is on.
+        vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+        with set_current_vllm_config(vc):
+            return get_kv_cache_spec(vc)
+
+    def groups(vc, per_worker):
+        with set_current_vllm_config(vc):
+            found = get_global_kv_cache_groups(vc, per_worker)
+        return [(sorted(g.layer_names), repr(g.kv_cache_spec)) for g in found], found
+
+    def resolve_layout(configs, per_worker):
+        # The engine core's step before grouping: one layout from what every worker's
+        # attention backends support, recorded on every worker's config.
+        names = []
+        for vc in configs:
+            with set_current_vllm_config(vc):
+                backends = get_current_attn_backends(vc)
+                names.append([lay.name for lay in get_supported_kv_cache_layouts(backends)])
+        specs_all = [s for worker in per_worker for s in worker.values()]
+        layout = resolve_kv_cache_layout(configs[0], names, specs_all)
+        for vc in configs:
+            record_kv_cache_layout(vc.cache_config, layout.name)
+        return layout.name
+
+    per_stage = [specs(vc) for vc in stage_configs]
+    layout = resolve_layout(stage_configs, per_stage)
+    pp_groups, global_groups = groups(stage_configs[0], per_stage)
+    # The same model at PP=1 (relay inert: nothing crosses a stage).
+    partition = os.environ.pop("VLLM_PP_LAYER_PARTITION")
+    pp.world_size, pp.rank_in_group, pp.is_first_rank, pp.is_last_rank = 1, 0, True, True
+    vc1 = config()
+    with set_current_vllm_config(vc1):
+        relay.PipelineRelayDeepseekV4Model(vllm_config=vc1, prefix="model")
+    single_specs = [specs(vc1)]
+    single_layout = resolve_layout([vc1], single_specs)
+    single_groups, _ = groups(vc1, single_specs)
+    pp.world_size = 3
+    os.environ["VLLM_PP_LAYER_PARTITION"] = partition
+
+    mirrors = ["model.layers.20.attn", "model.layers.20.attn.indexer.k_cache"]
+
+    def group_of(projection, name):
+        return [i for i, g in enumerate(projection) if name in g.layer_names]
+
+    projections = [_project_kv_cache_groups_to_worker(global_groups, s) for s in per_stage]
+    with set_current_vllm_config(stage_configs[0]):
+        configs = get_kv_cache_configs(
+            stage_configs[0], per_stage, [8 << 30] * len(per_stage), global_groups
+        )
+    return {
+        "layouts": [layout, single_layout],
+        "groups_equal_pp1": pp_groups == single_groups,
+        "num_groups": len(pp_groups),
+        "mirror_layers_on_stage3": [n for n in mirrors if n in per_stage[2]],
+        "mirror_groups": {
+            n: [group_of(projections[1], n), group_of(projections[2], n)] for n in mirrors
+        },
+        "stage3_names_in_groups": sorted(
+            {n for g in projections[2] for n in g.layer_names} - set(per_stage[2])
+        ),
+        "num_blocks": [c.num_blocks for c in configs],
+        "stage3_tensor_names": sorted(
+            {n for t in configs[2].kv_cache_tensors for n in t.layers} & set(mirrors)
+        ),
+    }
 
 
 # ---------------------------------------------------------------------------------------

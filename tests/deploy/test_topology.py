@@ -75,6 +75,14 @@ def test_cuts_inside_groups_are_refused_unless_the_relay_is_opted_in(name, monke
     assert v.launchable and not [w for w in v.warnings if "pipeline relay" in w]
 
 
+def test_relay_opt_in_is_refused_inside_the_topology_file(monkeypatch):
+    topo, path = load("tp2-pp3")
+    monkeypatch.setenv(mt.RELAY_OPT_IN_ENV, "1")
+    v = validate(topo.model_copy(update={"env": {mt.RELAY_OPT_IN_ENV: "0"}}), path)
+    assert not v.launchable
+    assert any(f"env.{mt.RELAY_OPT_IN_ENV}" in e and "not in the topology" in e for e in v.errors)
+
+
 def test_relay_opt_in_reaches_every_worker_through_the_launch_env(monkeypatch):
     from deepinfer_sm80.deploy import launcher
 

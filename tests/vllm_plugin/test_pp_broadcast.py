@@ -168,9 +168,11 @@ def _runner(is_last_rank=False, steps=K):
         calls.append(outputs)
         _post_update(outputs, state)
 
-    handler = SimpleNamespace(
-        is_last_rank=is_last_rank, max_sample_len=steps + 1, num_speculative_steps=steps
-    )
+    from deepinfer_sm80.vllm_plugin.pp_broadcast import SteadyPPHandler
+
+    handler = SteadyPPHandler.__new__(SteadyPPHandler)  # no process group needed here
+    handler.is_last_rank = is_last_rank
+    handler.max_sample_len, handler.num_speculative_steps = steps + 1, steps
     runner = SimpleNamespace(
         pp_handler=handler, device=torch.device("cpu"), postprocess_sampled=postprocess_sampled
     )
@@ -182,12 +184,14 @@ def test_prewarm_launches_the_two_steady_variants_and_changes_no_state():
 
     runner, state, calls = _runner()
     before = {k: v.clone() for k, v in state.items()}
-    assert prewarm_post_update(runner) == 2
+    assert prewarm_post_update(runner) == 4
     assert all(torch.equal(state[k], before[k]) for k in state)
-    assert [c["draft_tokens"] is None for c in calls] == [True, False]
+    assert [c["draft_tokens"] is None for c in calls] == [True, False, True, False]
     assert all(
         c["idx_mapping"].eq(-1).all() and c["idx_mapping"].dtype == torch.int64 for c in calls
     )
+    # From a one-column, unaligned receive too, so the widening and copy kernels load.
+    assert [c["sampled_tokens"].shape for c in calls] == [(5, K + 1)] * 2 + [(4, K + 1)] * 2
     # They are the variants that steady serving traffic launches.
     g = torch.Generator().manual_seed(5)
     serving = [steady_outputs(_received(n, w, d, g), K + 1) for n, w, d in TRAFFIC]
@@ -200,9 +204,32 @@ def test_prewarm_does_nothing_on_the_last_rank_or_without_pp():
     runner, _, calls = _runner(is_last_rank=True)
     assert prewarm_post_update(runner) == 0
     assert prewarm_post_update(SimpleNamespace(pp_handler=None)) == 0
+    # vLLM's own handler (the ledger entry not applied): nothing to warm for it.
+    vllm_handler = SimpleNamespace(pp_handler=SimpleNamespace(is_last_rank=False))
+    assert prewarm_post_update(vllm_handler) == 0
     assert calls == []
     no_spec, _, calls = _runner(steps=0)
-    assert prewarm_post_update(no_spec) == 1 and calls[0]["sampled_tokens"].shape[1] == 1
+    assert prewarm_post_update(no_spec) == 2
+    assert all(c["sampled_tokens"].shape[1] == 1 for c in calls)
+
+
+def test_steady_handler_warns_when_vllm_will_skip_the_warmup(monkeypatch, caplog):
+    import vllm.config
+    from vllm.v1.worker.gpu.pp_utils import PPHandler
+
+    from deepinfer_sm80.vllm_plugin.pp_broadcast import SteadyPPHandler
+
+    def fake_init(self, max_num_reqs, num_speculative_steps, device):
+        self.is_last_rank = False
+
+    monkeypatch.setattr(PPHandler, "__init__", fake_init)
+    for jit_warmup, warned in ((True, False), (False, True)):
+        config = SimpleNamespace(kernel_config=SimpleNamespace(enable_jit_warmup=jit_warmup))
+        monkeypatch.setattr(vllm.config, "get_current_vllm_config", lambda c=config: c)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="deepinfer_sm80.pp_broadcast"):
+            SteadyPPHandler(8, K, torch.device("cpu"))
+        assert any("not pre-warmed" in r.message for r in caplog.records) == warned
 
 
 def test_steady_handler_is_vllms_handler_with_steady_outputs(monkeypatch):

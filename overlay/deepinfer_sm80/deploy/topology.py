@@ -106,6 +106,12 @@ def validate(
     if capabilities is None:
         capabilities = model_topology.plugin_capabilities()
     v = Validation(topo, path)
+    if model_topology.RELAY_OPT_IN_ENV in topo.env:
+        v.errors.append(
+            f"{path}: env.{model_topology.RELAY_OPT_IN_ENV}: the relay opt-in is read by "
+            "`deepinfer` itself when it validates the partition; set it in the environment "
+            "(or .env for docker compose), not in the topology file"
+        )
     par = topo.parallel
     pp = par.pipeline_parallel
     tps = (
@@ -149,7 +155,9 @@ def validate(
     if pp > 1:
         if par.partition is None:
             legal = model_topology.legal_partitions(pp, capabilities)
-            hint = f" e.g. {list(legal[-1])}" if legal else ""
+            # The most even legal split (the fewest layers on the largest stage).
+            best = min(legal, key=lambda p: (max(p), p), default=None)
+            hint = f" e.g. {list(best)}" if best else ""
             v.errors.append(
                 f"{path}: parallel.partition: required with {pp} pipeline stages "
                 f"(vLLM's even split cuts sharing groups);{hint}"

@@ -35,6 +35,7 @@ from vllm.distributed.utils import get_pp_indices
 from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.models.deepseek_v41.nvidia import model as v41
 from vllm.sequence import IntermediateTensors
+from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadata
 
 from deepinfer_sm80 import model_topology
 from deepinfer_sm80.vllm_plugin.pp_relay import records
@@ -122,15 +123,15 @@ def candidate_row_map(attn_metadata: dict, index_k_name: str, rows: int):
     read with: the source's index-K name where this rank has it (owner or mirror),
     else any indexer's (the decode layout is a property of the batch)."""
     meta = attn_metadata.get(index_k_name)
-    if not hasattr(meta, "num_decode_tokens"):
-        meta = next((m for m in attn_metadata.values() if hasattr(m, "num_decode_tokens")), None)
-    decode = getattr(meta, "decode", None)
-    if decode is None or meta.num_decodes == 0:
+    if not isinstance(meta, DeepseekV32IndexerMetadata):
+        indexers = (m for m in attn_metadata.values() if isinstance(m, DeepseekV32IndexerMetadata))
+        meta = next(indexers, None)
+    if meta is None or meta.decode is None or meta.num_decodes == 0:
         return None
     num_decode_tokens = int(meta.num_decode_tokens)
-    lens = decode.decode_lens
+    lens = meta.decode.decode_lens
     # vLLM's needs_padded_path, evaluated the same way (host values only).
-    padded = bool(decode.requires_padding) or num_decode_tokens % lens.shape[0] != 0
+    padded = bool(meta.decode.requires_padding) or num_decode_tokens % lens.shape[0] != 0
     return records.candidate_rows(rows, num_decode_tokens, lens, padded)
 
 

@@ -241,7 +241,7 @@ def tile_sweep() -> None:
         args = (inp.comb_res_mix, inp.residual, post, inp.x, inp.pre_mix, inp.fn)
         return lambda: kernel(*args, res, li, li, mp, sp, yp, 1, 0)
 
-    for t, groups in ((1, (1, 2)), (6, (2, 4)), (12, (4,))):
+    for t, groups in ((1, (1, 2)), (6, (2, 3, 4)), (12, (3, 4))):
         inp = _inputs(t)
         for group in groups:
             for tile_n in (1, 2, 3, 4, 6):

@@ -114,7 +114,7 @@ def test_split_geometry_is_eight_slices_of_640():
     assert choose_path(TC_MIN_TOKENS - 1) == "small" and choose_path(TC_MIN_TOKENS) == "tensor_core"
     from deepinfer_sm80.ops.mhc.geometry import small_config
 
-    assert [small_config(t).token_group for t in (1, 2, 3, 15)] == [1, 2, 4, 4]
+    assert [small_config(t).token_group for t in (1, 2, 3, 15)] == [1, 2, 3, 3]
 
 
 def test_shipped_variants_cover_every_token_count():

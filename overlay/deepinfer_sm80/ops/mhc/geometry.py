@@ -43,14 +43,17 @@ TC_SUB_BLOCKS = 5
 # small: "token_group" tokens per CTA (grid = 24 / tile_n x 8 slices x groups); every
 # token of a group is computed, a partial last group never stores its spare tokens.
 # "tile_n" mix rows per CTA. One token takes a 1-token group over 24 one-row tiles (192
-# CTAs); from 3 tokens on, groups of 4 over 12 two-row tiles (96 CTAs a group). On an
-# H200 (the only GPU measured; no Ampere yet) groups of 4 took the whole op at T=12 from
-# 20.6 us (one CTA holding all 12 tokens) to 15.7 us, and T=15 from 28.5 to 16.1 us
-# (benchmarks/microbench_sm80_part2.py). num_warps = 640 / 4 / 32 = 5.
+# CTAs); from 3 tokens on, groups of 3 over 6 four-row tiles (48 CTAs a group). Timed on
+# an H200 (the only GPU measured; no Ampere yet) with benchmarks/tune_mhc_small.py, whole
+# op, cold L2: groups of 3 x 4 rows beat groups of 4 x 2 rows at every T from 3 to 15
+# (T=12 15.14 vs 15.94 us, T=15 14.85 vs 15.71 us, same bits). Groups of 4 had taken T=12
+# from 20.6 us (one CTA holding all 12 tokens) to 15.7 us. On sm_80 the groups of 3 use
+# 156 registers (two CTAs per SM; 192 CTAs at T=12 fit one wave on an A100).
+# num_warps = 640 / 4 / 32 = 5.
 LAUNCH_CONFIGS: dict[str, LaunchConfig] = {
     "mhc.small.g1": LaunchConfig(num_warps=5, constexprs=(("token_group", 1), ("tile_n", 1))),
     "mhc.small.g2": LaunchConfig(num_warps=5, constexprs=(("token_group", 2), ("tile_n", 1))),
-    "mhc.small.g4": LaunchConfig(num_warps=5, constexprs=(("token_group", 4), ("tile_n", 2))),
+    "mhc.small.g3": LaunchConfig(num_warps=5, constexprs=(("token_group", 3), ("tile_n", 4))),
     # tc: "block_m" tokens x "block_h" hidden positions (x 4 streams = the GEMM's K step)
     # per pipeline stage; 4 warps, one per 8 columns of a 32-wide B tile (24 mix rows
     # loaded), TF32 m16n8k8. One tile for every token count >= 16, so a token's sums never
@@ -106,7 +109,7 @@ class TensorCoreConfig:
 def small_config(num_tokens: int) -> SmallConfig:
     if not 0 < num_tokens < TC_MIN_TOKENS:
         raise ValueError(f"num_tokens={num_tokens} is not a small-kernel token count")
-    group = 1 if num_tokens == 1 else 2 if num_tokens == 2 else 4
+    group = 1 if num_tokens == 1 else 2 if num_tokens == 2 else 3
     c = dict(LAUNCH_CONFIGS[f"mhc.small.g{group}"].constexprs)
     return SmallConfig(token_group=group, tile_n=c["tile_n"])
 

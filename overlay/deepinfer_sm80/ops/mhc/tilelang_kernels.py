@@ -129,9 +129,9 @@ def post_prenorm_small(
     load_coefficients, passes = _coefficient_loader(hc, token_group, threads)
     # Groups of 1-2 tokens load the weights and their tokens' x and residual before the
     # coefficients' barrier (behind it they are a second memory round trip: on the H200,
-    # cold L2, T = 1 went from 12.4 to 10.8 us with the epilogue change below). Groups of 4
-    # keep the loads behind it: holding 4 tokens in registers across the barrier slowed
-    # T = 12 (kernel 5.9 -> 7.4 us), most likely one CTA fewer per SM.
+    # cold L2, T = 1 went from 12.4 to 10.8 us with the epilogue change below). Larger
+    # groups keep the loads behind it: holding 4 tokens in registers across the barrier
+    # slowed T = 12 (kernel 5.9 -> 7.4 us), most likely one CTA fewer per SM.
     hoist_loads = token_group <= 2
     m = T.dynamic("num_tokens")
 

@@ -246,7 +246,12 @@ def tile_sweep() -> None:
         for group in groups:
             for tile_n in (1, 2, 3, 4, 6):
                 v = KernelVariant.make(
-                    "post_prenorm_small", hidden=5120, hc=4, token_group=group, tile_n=tile_n
+                    "post_prenorm_small",
+                    hidden=5120,
+                    hc=4,
+                    token_group=group,
+                    tile_n=tile_n,
+                    hoist_loads=group <= 3,
                 )
                 us = _event_us(launch(get_kernel(v), inp, t, 8))
                 print(f"[{SUITE}] sweep small T={t} group={group} tile_n={tile_n}: {us:.2f} us")

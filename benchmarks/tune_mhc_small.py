@@ -35,6 +35,10 @@ def shapes_for(num_tokens: int, groups=GROUPS, tiles=TILES):
         yield group, tile
 
 
+def _label(group: int, tile: int, hoist: bool) -> str:
+    return f"g{group} n{tile} {'hoisted' if hoist else 'behind barrier'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.microbench_sm80_part2 import _inputs, _ours, _rebuilt
     from benchmarks.runner import CudaTimer, device_info
@@ -44,9 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default="6,12,15")
     parser.add_argument("--groups", default=",".join(map(str, GROUPS)))
     parser.add_argument("--tiles", default=",".join(map(str, TILES)))
+    parser.add_argument("--hoist", default="0,1", help="hoist_loads values to try")
     args = parser.parse_args(argv)
     groups = [int(g) for g in args.groups.split(",")]
     tiles = [int(t) for t in args.tiles.split(",")]
+    hoists = [bool(int(h)) for h in args.hoist.split(",")]
     info = device_info()
     print(
         f"[tune_mhc_small] {info.get('gpu')} | torch {info['torch']} | tilelang "
@@ -61,26 +67,29 @@ def main(argv: list[str] | None = None) -> int:
         base_us = timer(lambda inp=inp: _rebuilt(inp)).median_us
         shipped = shipped_config(num_tokens)
         print(f"[tune_mhc_small] T={num_tokens} rebuilt vLLM: {base_us:.2f} us", flush=True)
-        for group, tile in shapes_for(num_tokens, groups, tiles):
-            ops.small_config = lambda n, g=group, t=tile: geometry.SmallConfig(g, t)
+        for (group, tile), hoist in itertools.product(
+            shapes_for(num_tokens, groups, tiles), hoists
+        ):
+            name = f"T={num_tokens} {_label(group, tile, hoist)}"
+            shape = geometry.SmallConfig(group, tile, hoist)
+            ops.small_config = lambda n, c=shape: c
             ops.fused_variant.cache_clear()
             try:
                 got = _ours(inp)
                 same = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
                 us = timer(lambda inp=inp: _ours(inp)).median_us if same else None
             except Exception as exc:  # noqa: BLE001 -- a shape that does not build is data
-                print(f"[tune_mhc_small] T={num_tokens} g{group} n{tile}: {exc!r}"[:300])
+                print(f"[tune_mhc_small] {name}: {exc!r}"[:300])
                 continue
             finally:
                 ops.small_config = shipped_config
                 ops.fused_variant.cache_clear()
-            mark = " (shipped)" if (group, tile) == (shipped.token_group, shipped.tile_n) else ""
+            mark = " (shipped)" if shape == shipped else ""
             if us is None:
-                print(f"[tune_mhc_small] T={num_tokens} g{group} n{tile}: BITS DIFFER{mark}")
+                print(f"[tune_mhc_small] {name}: BITS DIFFER{mark}")
                 continue
             print(
-                f"[tune_mhc_small] T={num_tokens} g{group} n{tile}: {us:.2f} us "
-                f"({base_us / us:.2f}x vs rebuilt){mark}",
+                f"[tune_mhc_small] {name}: {us:.2f} us ({base_us / us:.2f}x vs rebuilt){mark}",
                 flush=True,
             )
     return 0

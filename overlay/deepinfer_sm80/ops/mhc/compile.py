@@ -50,6 +50,7 @@ class KernelVariant:
             "num_stages": "st",
             "sub_blocks": "sub",
             "n_part": "parts",
+            "hoist_loads": "h",
         }
         parts = []
         for name, value in self.params:

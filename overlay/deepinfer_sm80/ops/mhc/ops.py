@@ -34,6 +34,7 @@ def fused_variant(num_tokens: int, hidden: int, hc: int) -> KernelVariant:
             hc=hc,
             token_group=cfg.token_group,
             tile_n=cfg.tile_n,
+            hoist_loads=cfg.hoist_loads,
         )
     cfg = tensor_core_config(num_tokens)
     return KernelVariant.make(

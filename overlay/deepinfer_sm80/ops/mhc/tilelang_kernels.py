@@ -109,6 +109,7 @@ def post_prenorm_small(
     hc: int,
     token_group: int,
     tile_n: int,
+    hoist_loads: bool,
 ):
     """Fused post mixing + split prenorm GEMM on CUDA cores.
 
@@ -127,12 +128,9 @@ def post_prenorm_small(
     assert threads % 32 == 0 and mix % tile_n == 0
     assert token_group * n_red <= threads
     load_coefficients, passes = _coefficient_loader(hc, token_group, threads)
-    # Groups of 1-2 tokens load the weights and their tokens' x and residual before the
-    # coefficients' barrier (behind it they are a second memory round trip: on the H200,
-    # cold L2, T = 1 went from 12.4 to 10.8 us with the epilogue change below). Larger
-    # groups keep the loads behind it: holding 4 tokens in registers across the barrier
-    # slowed T = 12 (kernel 5.9 -> 7.4 us), most likely one CTA fewer per SM.
-    hoist_loads = token_group <= 2
+    # hoist_loads: the weights and the group's x and residual load before the
+    # coefficients' barrier (behind it they are a second memory round trip); it costs
+    # registers held across the barrier (geometry.LAUNCH_CONFIGS says where it pays).
     m = T.dynamic("num_tokens")
 
     @T.prim_func

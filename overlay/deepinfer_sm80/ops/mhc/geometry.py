@@ -46,13 +46,15 @@ TC_SUB_BLOCKS = 5
 # CTAs); from 3 tokens on, groups of 3 over 6 four-row tiles (48 CTAs a group). Timed on
 # an H200 (the only GPU measured; no Ampere yet) with benchmarks/tune_mhc_small.py, whole
 # op, cold L2: groups of 3 x 4 rows beat groups of 4 x 2 rows at every T from 3 to 15
-# (T=12 15.14 vs 15.94 us, T=15 14.85 vs 15.71 us, same bits). Groups of 4 had taken T=12
-# from 20.6 us (one CTA holding all 12 tokens) to 15.7 us. On sm_80 the groups of 3 use
-# 156 registers (two CTAs per SM; 192 CTAs at T=12 fit one wave on an A100).
+# (T=12 15.14 vs 15.94 us, T=15 14.85 vs 15.71 us, same bits; hoisted: T=12 13.8 us).
+# Groups of 4 had taken T=12 from 20.6 us (one CTA holding all 12 tokens) to 15.7 us. On
+# sm_80 the groups of 3 use 157 registers (two CTAs per SM; 192 CTAs at T=12 fit one wave
+# on an A100).
 # "hoist_loads": the weights and the group's x and residual load before the coefficients'
 # barrier, not behind it (a second memory round trip). On the H200 it took T=1 from 12.4
 # to 10.8 us; for groups of 4 x 2 rows it had cost a CTA per SM (T=12 kernel 5.9 -> 7.4
-# us); groups of 3 x 4 rows hoisted use 157 registers on sm_80 instead of 156.
+# us); groups of 3 x 4 rows hoisted use 157 registers on sm_80 instead of 156 and were
+# faster at every T measured (T=12 13.76 vs 14.08 us in one run).
 # num_warps = 640 / 4 / 32 = 5.
 LAUNCH_CONFIGS: dict[str, LaunchConfig] = {
     "mhc.small.g1": LaunchConfig(

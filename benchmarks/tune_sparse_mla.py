@@ -32,14 +32,10 @@ def _fit_name(c):
     return f"{_name(c[:5])} p{c[5]}"
 
 
-def _with(
-    base: arch.LaunchConfig, c, rows_per_split=None, prefetch=None, grouped=None
-) -> arch.LaunchConfig:
+def _with(base: arch.LaunchConfig, c, rows_per_split=None, prefetch=None) -> arch.LaunchConfig:
     consts = {**base.constexpr_dict(), "BLOCK_H": c[0], "BLOCK_N": c[1]}
     if prefetch is not None:
         consts["PREFETCH"] = prefetch
-    if grouped is not None:
-        consts["GROUPED"] = grouped
     if rows_per_split:
         consts["ROWS_PER_SPLIT"] = rows_per_split
     return dataclasses.replace(
@@ -75,22 +71,20 @@ def fit() -> None:
 
 
 TIMED = {
-    # config name -> [(BLOCK_H, BLOCK_N, num_warps, num_stages, maxnreg, rows/split,
-    #                   PREFETCH, GROUPED)]; GROUPED 1 = grouped_decode.py (8 warps, one
-    # warp per 64-dim group), 0 = the unified kernel.
+    # config name -> [(BLOCK_H, BLOCK_N, num_warps, num_stages, maxnreg, rows/split, PREFETCH)]
     "sparse_mla.decode": [
-        (16, 16, 4, 1, None, 128, 0, 0),
-        (16, 16, 8, 1, 128, 64, 0, 1),
-        (16, 16, 8, 1, 128, 128, 0, 1),
-        (16, 16, 8, 1, 128, 256, 0, 1),
-        (16, 16, 8, 1, None, 128, 0, 1),
-        (8, 16, 8, 1, 128, 128, 0, 1),
-        (16, 32, 8, 1, 128, 128, 0, 1),
-        (32, 16, 8, 1, None, 128, 0, 1),
-        (32, 16, 8, 1, None, 256, 0, 1),
+        (16, 16, 8, 1, 128, 128, 0),
+        (16, 16, 4, 1, None, 64, 0),
+        (16, 16, 4, 1, None, 128, 0),
+        (16, 16, 4, 1, None, 256, 0),
+        (16, 16, 4, 1, None, 640, 0),
+        (16, 16, 4, 1, None, 128, 1),
+        (16, 16, 4, 1, None, 640, 1),
     ],
     "sparse_mla.prefill": [
-        (16, 16, 4, 1, None, None, 1, 0),
+        (16, 16, 8, 1, 128, None, 0),
+        (16, 16, 4, 1, None, None, 0),
+        (16, 16, 4, 1, None, None, 1),
     ],
 }
 TIMED_CASES = {
@@ -123,11 +117,10 @@ def time_all() -> None:
             case = cases[case_name]
             state = case.setup()
             for c in configs:
-                arch.KERNEL_CONFIGS[cfg_name] = _with(base, c[:5], c[5], c[6], c[7])
-                problems = fits.get(f"{label} {_fit_name(c[:5] + c[6:7])}") if not c[7] else None
+                arch.KERNEL_CONFIGS[cfg_name] = _with(base, c[:5], c[5], c[6])
+                problems = fits.get(f"{label} {_fit_name(c[:5] + c[6:])}")
                 fit_txt = "fits" if problems == [] else ("NO FIT" if problems else "fit ?")
                 rps = (f" rows/split {c[5]}" if c[5] else "") + f" prefetch {c[6]}"
-                rps += " grouped" if c[7] else ""
                 try:
                     t = timer(lambda case=case, state=state: case.candidate(state))
                     print(f"{case_name} {_name(c)}{rps}: {t.median_us:9.1f} us  [{fit_txt}]")

@@ -23,7 +23,8 @@ from benchmarks.runner import Case, Gate, Registry, close_check, exact_check, ma
 from deepinfer_sm80.ops.kv_cache import dequantize_and_gather_k_cache, quantize_and_insert_k_cache
 from deepinfer_sm80.ops.kv_cache.layout import NOPE_DIM, RECORD_BYTES, page_bytes
 from deepinfer_sm80.ops.kv_cache.ref import encode_records_ref, page_views
-from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
+from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode
+from deepinfer_sm80.ops.sparse_mla.triton_kernel import decode_engine, sparse_mla_prefill
 
 SUITE = "kernels"
 
@@ -192,7 +193,11 @@ def _decode_case(registry: Registry, T: int, heads: int, main_width: int, extra_
             setup=setup,
             baseline_name="original baseline algorithm (separate NoPE/RoPE dots, exp2, reduce)",
             baseline=baseline,
-            candidate_name="deepinfer unified 512-dim decode",
+            candidate_name=(
+                "deepinfer decode, "
+                + decode_engine(torch.device("cuda"))
+                + " kernel (DEEPINFER_SPARSE_MLA_DECODE picks)"
+            ),
             candidate=candidate,
             check=lambda st, b, c: close_check(b, c, rel_tol=1e-2),
             # Records read once per token, q read and out written per real head.

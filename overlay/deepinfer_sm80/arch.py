@@ -97,6 +97,13 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
         num_stages=1,
         constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 128), ("PREFETCH", 0)),
     ),
+    # The TileLang decode (ops/sparse_mla/decode_sm80.cuh): 8 warps, 16 heads x 16 rows per
+    # tile; only the split size is a knob. 113 registers, ~29 KB shared memory on sm_80/86.
+    "sparse_mla.decode_tilelang": LaunchConfig(
+        num_warps=8,
+        num_stages=1,
+        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 128), ("PREFETCH", 1)),
+    ),
     "sparse_mla.prefill": LaunchConfig(
         num_warps=4,
         num_stages=1,

@@ -19,6 +19,16 @@ SCALE = 512**-0.5
 WINDOW, TOPK, DSPARK_WIDTH = 128, 512, 192
 
 
+@pytest.fixture(params=["triton", "tilelang"])
+def engine(request, device, monkeypatch):
+    """Both decode kernels: the Triton one everywhere, the TileLang one (decode_sm80.cuh)
+    on a CUDA GPU only -- on CPU its check is the sm_80/sm_86 fit (test_tilelang_decode_fits)."""
+    if request.param == "tilelang" and device.type != "cuda":
+        pytest.skip("the TileLang decode runs only on a CUDA GPU")
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, request.param)
+    return request.param
+
+
 def _realistic_k(n: int, g: torch.Generator) -> torch.Tensor:
     """Latent rows like the model's: N(0, 2) with per-row magnitude spread and outliers."""
     k = torch.randn(n, 512, generator=g) * 1.4
@@ -152,7 +162,7 @@ def _check_decode(case: DecodeCase, heads: int, name: str):
 
 @pytest.mark.parametrize("heads", [64, 32, 16, 8], ids=lambda h: f"TP{64 // h}-H{h}")
 @pytest.mark.parametrize("ratio", [1, 2])
-def test_decode_swa_plus_topk_tp_heads(device, heads, ratio):
+def test_decode_swa_plus_topk_tp_heads(device, engine, heads, ratio):
     case = make_decode_case(
         2, 64, ratio=ratio, seed=heads + ratio, device=device, lens=[128, 77], extra_lens=[512, 301]
     )
@@ -160,7 +170,7 @@ def test_decode_swa_plus_topk_tp_heads(device, heads, ratio):
 
 
 @pytest.mark.parametrize("width", [WINDOW, DSPARK_WIDTH], ids=["swa128", "dspark192"])
-def test_decode_swa_only_layers(device, width):
+def test_decode_swa_only_layers(device, engine, width):
     case = make_decode_case(
         3,
         64,
@@ -173,7 +183,7 @@ def test_decode_swa_only_layers(device, width):
     _check_decode(case, 16, f"swa-only {width}")
 
 
-def test_decode_empty_rows_give_zero_and_no_nan(device):
+def test_decode_empty_rows_give_zero_and_no_nan(device, engine):
     """All -1 indices, zero lengths: out = 0 (the sink alone in the denominator)."""
     case = make_decode_case(3, 64, seed=5, device=device, lens=[0, 128, 0], extra_lens=[0, 0, 512])
     case.idx[1] = -1
@@ -185,7 +195,7 @@ def test_decode_empty_rows_give_zero_and_no_nan(device):
     assert (got[:, :16] == 0).all()
 
 
-def test_decode_without_sink_and_without_lengths(device):
+def test_decode_without_sink_and_without_lengths(device, engine):
     case = make_decode_case(2, 64, seed=9, sink=False, device=device)
     case.lens = None
     case.extra_lens = None
@@ -202,16 +212,15 @@ class _LaunchCounter:
 
 
 def _with_rows_per_split(monkeypatch, rows):
-    cfg = arch.KERNEL_CONFIGS["sparse_mla.decode"]
-    consts = {**cfg.constexpr_dict(), "ROWS_PER_SPLIT": rows}
-    monkeypatch.setitem(
-        arch.KERNEL_CONFIGS,
-        "sparse_mla.decode",
-        dataclasses.replace(cfg, constexprs=tuple(consts.items())),
-    )
+    for name in ("sparse_mla.decode", "sparse_mla.decode_tilelang"):
+        cfg = arch.KERNEL_CONFIGS[name]
+        consts = {**cfg.constexpr_dict(), "ROWS_PER_SPLIT": rows}
+        monkeypatch.setitem(
+            arch.KERNEL_CONFIGS, name, dataclasses.replace(cfg, constexprs=tuple(consts.items()))
+        )
 
 
-def test_direct_output_path_launches_no_reduction(device, monkeypatch):
+def test_direct_output_path_launches_no_reduction(device, engine, monkeypatch):
     counter = _LaunchCounter(mla_kernels.sparse_mla_reduce_kernel)
     monkeypatch.setattr(mla_kernels, "sparse_mla_reduce_kernel", counter)
     swa = make_decode_case(2, 64, extra_width=0, seed=1, device=device)
@@ -225,7 +234,7 @@ def test_direct_output_path_launches_no_reduction(device, monkeypatch):
     assert counter.launches == 1  # 1024 rows per split: direct again
 
 
-def test_split_and_unsplit_agree(device, monkeypatch):
+def test_split_and_unsplit_agree(device, engine, monkeypatch):
     case = make_decode_case(2, 64, seed=11, device=device, lens=[128, 100], extra_lens=[512, 3])
     split, _ = _check_decode(case, 16, "split (256 rows)")
     _with_rows_per_split(monkeypatch, 1024)
@@ -240,7 +249,7 @@ def test_split_and_unsplit_agree(device, monkeypatch):
     )
 
 
-def test_decode_deterministic_and_batch_invariant(device):
+def test_decode_deterministic_and_batch_invariant(device, engine):
     """A token's output is bit-identical alone, in a batch, and run to run."""
     n_batch = 64 if device.type == "cuda" else 6
     batch = make_decode_case(
@@ -270,7 +279,7 @@ def test_decode_deterministic_and_batch_invariant(device):
 
 
 @pytest.mark.gpu
-def test_decode_replays_under_cuda_graph(device):
+def test_decode_replays_under_cuda_graph(device, engine):
     """DSpark decodes under full CUDA graphs: capture once, change the inputs in place,
     replay, and get what an eager call on the new inputs gives."""
     case = make_decode_case(8, 64, seed=31, device=device)
@@ -291,7 +300,7 @@ def test_decode_replays_under_cuda_graph(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 16, 64, 256])
-def test_decode_production_shapes(device, T):
+def test_decode_production_shapes(device, engine, T):
     case = make_decode_case(
         T,
         64,
@@ -384,3 +393,35 @@ def test_errors_name_the_argument(device):
             case.q, case.cache, case.idx, case.lens, SCALE, attn_sink=torch.zeros(8, device=device)
         )
     assert math.isclose(SCALE, 0.044194173824159216)
+
+
+def test_decode_engine_choice(monkeypatch):
+    """auto: TileLang on a CUDA device, Triton under the interpreter or on CPU; a forced
+    engine that cannot run there, or an unknown name, is refused with the variable named."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv(mla_kernels.DECODE_ENGINE_ENV, raising=False)
+    assert mla_kernels.decode_engine(cpu) == "triton"
+    monkeypatch.setattr(mla_kernels, "INTERPRETING", False)
+    assert mla_kernels.decode_engine(cuda) == "tilelang"
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "triton")
+    assert mla_kernels.decode_engine(cuda) == "triton"
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    with pytest.raises(ValueError, match="DEEPINFER_SPARSE_MLA_DECODE=tilelang needs a CUDA"):
+        mla_kernels.decode_engine(cpu)
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "flashmla")
+    with pytest.raises(ValueError, match="expected one of auto, tilelang, triton"):
+        mla_kernels.decode_engine(cuda)
+
+
+@pytest.mark.aot
+def test_tilelang_decode_fits_ampere():
+    """Every shipped TileLang decode variant compiles for sm_80 and sm_86 within 48 KB of
+    shared memory, without spills, and leaves room for two 256-thread CTAs per SM."""
+    from deepinfer_sm80.ops.sparse_mla.tilelang_decode import fit_reports, shipped_variants
+    from deepinfer_sm80.testing.ampere_fit import fit_violations, format_reports
+
+    reports = fit_reports()
+    print(format_reports(reports))
+    assert len(reports) == 2 * len(shipped_variants()) == 6
+    assert fit_violations(reports) == []
+    assert all(r.min_ctas_per_sm == 2 and r.threads == 256 for r in reports)

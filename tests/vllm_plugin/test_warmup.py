@@ -58,3 +58,16 @@ def test_mhc_warmup_gets_the_servers_sizes_model_constants_and_aot_folder(monkey
     monkeypatch.setenv("DEEPINFER_AOT_DIR", str(tmp_path / "absent"))
     warmup.warm_overlay_kernels(_runner())
     assert seen["aot_dir"] is None
+
+
+def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypatch):
+    from deepinfer_sm80.ops.mhc import warmup as mhc_warmup
+    from deepinfer_sm80.ops.sparse_mla import tilelang_decode, triton_kernel
+    from deepinfer_sm80.vllm_plugin import warmup
+
+    monkeypatch.setattr(mhc_warmup, "prepare_mhc_kernels", lambda *a, **k: [{"variant": "m"}])
+    monkeypatch.setattr(tilelang_decode, "warmup", lambda log: [{"variant": "d"}])
+    # This machine (CPU, interpreter): the Triton decode runs, nothing to compile.
+    assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}]
+    monkeypatch.setattr(triton_kernel, "decode_engine", lambda device: "tilelang")
+    assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}, {"variant": "d"}]

@@ -32,7 +32,8 @@ def _mhc_model_config(hf_config):
 
 
 def warm_overlay_kernels(model_runner) -> list[dict]:
-    """Compile every mHC variant this server can launch. Returns the per-variant log."""
+    """Compile every mHC and sparse-MLA decode variant this server can launch. Returns
+    the per-variant log."""
     from deepinfer_sm80.ops.mhc.warmup import prepare_mhc_kernels
 
     max_tokens = int(model_runner.scheduler_config.max_num_batched_tokens)
@@ -51,6 +52,16 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
         time.perf_counter() - start,
         max_tokens,
     )
+    # The sparse-MLA decode kernel (TileLang) too, so no compile lands in a CUDA-graph
+    # capture or a first request; skipped where the Triton decode is the one that runs.
+    import torch
+
+    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+    from deepinfer_sm80.ops.sparse_mla.triton_kernel import decode_engine
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if decode_engine(device) == "tilelang":
+        records += tilelang_decode.warmup(log=logger.info)
     return records
 
 

@@ -24,16 +24,19 @@ that had one. No host sync and no data-dependent allocation: CUDA-graph safe.
 """
 
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 from deepinfer_sm80.arch import kernel_config
-from deepinfer_sm80.ops._triton_utils import mma
+from deepinfer_sm80.ops._triton_utils import INTERPRETING, mma
 from deepinfer_sm80.ops._validate import check_paged_records, check_tensor
 from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_ue8m0_to_bf16
 from deepinfer_sm80.ops.kv_cache.layout import HEAD_DIM, RECORD_BYTES
+from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+from deepinfer_sm80.ops.sparse_mla.tilelang_decode import DSPARK_SWA_WIDTH_K5
 from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
 LOG2E = 1.4426950408889634
@@ -565,7 +568,8 @@ def sparse_mla_decode(
     lse = torch.empty((T, Hp), dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse
-    cfg = kernel_config("sparse_mla.decode").constexpr_dict()
+    engine = decode_engine(q.device)
+    cfg_name = "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
     _launch(
         q,
         out,
@@ -581,10 +585,34 @@ def sparse_mla_decode(
         softmax_scale,
         heads,
         kv_fp8=True,
-        rows_per_split=cfg["ROWS_PER_SPLIT"],
-        cfg_name="sparse_mla.decode",
+        rows_per_split=kernel_config(cfg_name).constexpr_dict()["ROWS_PER_SPLIT"],
+        cfg_name=cfg_name,
+        engine=engine,
     )
     return out, lse
+
+
+DECODE_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_DECODE"
+_DECODE_ENGINES = ("auto", "tilelang", "triton")
+
+
+def decode_engine(device: torch.device) -> str:
+    """Which decode kernel runs: ``tilelang`` (``decode_sm80.cuh``, one warp per 64-dim
+    scale group) on a CUDA device, ``triton`` (this module's unified kernel) under the
+    Triton interpreter. ``DEEPINFER_SPARSE_MLA_DECODE=triton|tilelang`` forces one."""
+    choice = os.environ.get(DECODE_ENGINE_ENV, "auto").strip().lower() or "auto"
+    if choice not in _DECODE_ENGINES:
+        raise ValueError(
+            f"{DECODE_ENGINE_ENV}={choice!r}: expected one of {', '.join(_DECODE_ENGINES)}"
+        )
+    if choice == "auto":
+        return "tilelang" if device.type == "cuda" and not INTERPRETING else "triton"
+    if choice == "tilelang" and (device.type != "cuda" or INTERPRETING):
+        raise ValueError(
+            f"{DECODE_ENGINE_ENV}=tilelang needs a CUDA device without TRITON_INTERPRET "
+            f"(got device {device}); unset it or choose triton"
+        )
+    return choice
 
 
 def sparse_mla_prefill(
@@ -676,6 +704,7 @@ def _launch(
     kv_fp8,
     rows_per_split,
     cfg_name,
+    engine="triton",
 ):
     T = q.shape[0]
     cfg = kernel_config(cfg_name)
@@ -706,43 +735,63 @@ def _launch(
         MAX_SPLITS=max_splits,
         BLOCK_H=block_h,
     )
-    sparse_mla_fwd_kernel[(T, head_blocks, max_splits)](
-        q,
-        q.stride(0),
-        q.stride(1),
-        out,
-        out.stride(0),
-        out.stride(1),
-        lse,
-        lse.stride(0),
-        max_logits if max_logits is not None else lse,
-        part_acc,
-        part_ml,
-        main,
-        main.stride(0),
-        main_rows,
-        main_idx,
-        main_idx.stride(0),
-        main_len if main_len is not None else main_idx,
-        extra if extra is not None else main,
-        extra.stride(0) if extra is not None else 0,
-        extra_rows,
-        extra_idx,
-        extra_idx.stride(0),
-        extra_len if extra_len is not None else main_idx,
-        attn_sink if attn_sink is not None else lse,
-        scale * LOG2E,
-        heads,
-        T,
-        MAIN_BLOCK_SIZE=main_bs,
-        EXTRA_BLOCK_SIZE=extra_bs,
-        KV_FP8=kv_fp8,
-        STORE_MAX=max_logits is not None,
-        BLOCK_N=block_n,
-        PREFETCH=bool(cfg.constexpr_dict()["PREFETCH"]),
-        **cfg.launch_options(),
-        **meta,
-    )
+    if engine == "tilelang":
+        tilelang_decode.launch(
+            q,
+            out,
+            lse,
+            main,
+            main_idx,
+            main_len,
+            extra,
+            extra_idx,
+            extra_len,
+            attn_sink,
+            scale * LOG2E,
+            heads,
+            rows_per_split,
+            cfg.constexpr_dict()["PREFETCH"],
+            part_acc,
+            part_ml,
+        )
+    else:
+        sparse_mla_fwd_kernel[(T, head_blocks, max_splits)](
+            q,
+            q.stride(0),
+            q.stride(1),
+            out,
+            out.stride(0),
+            out.stride(1),
+            lse,
+            lse.stride(0),
+            max_logits if max_logits is not None else lse,
+            part_acc,
+            part_ml,
+            main,
+            main.stride(0),
+            main_rows,
+            main_idx,
+            main_idx.stride(0),
+            main_len if main_len is not None else main_idx,
+            extra if extra is not None else main,
+            extra.stride(0) if extra is not None else 0,
+            extra_rows,
+            extra_idx,
+            extra_idx.stride(0),
+            extra_len if extra_len is not None else main_idx,
+            attn_sink if attn_sink is not None else lse,
+            scale * LOG2E,
+            heads,
+            T,
+            MAIN_BLOCK_SIZE=main_bs,
+            EXTRA_BLOCK_SIZE=extra_bs,
+            KV_FP8=kv_fp8,
+            STORE_MAX=max_logits is not None,
+            BLOCK_N=block_n,
+            PREFETCH=bool(cfg.constexpr_dict()["PREFETCH"]),
+            **cfg.launch_options(),
+            **meta,
+        )
     if max_splits > 1:
         red = kernel_config("sparse_mla.reduce")
         meta.pop("BLOCK_H")
@@ -766,7 +815,6 @@ def _launch(
 
 
 _MODULE = "deepinfer_sm80.ops.sparse_mla.triton_kernel"
-DSPARK_SWA_WIDTH_K5 = 192  # vLLM: round_up(window 128 + K 5, 64)
 
 _FWD_SIGNATURE = {
     "q_ptr": "*bf16", "q_stride_t": "i32", "q_stride_h": "i32",

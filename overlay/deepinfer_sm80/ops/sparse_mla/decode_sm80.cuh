@@ -1,0 +1,416 @@
+// Sparse MLA decode from 584-byte V4 records for sm_80/sm_86: one CTA per (query token,
+// 16 heads, split of the token's selected rows), 8 warps, each warp owning one 64-dim
+// scale group of the 512 dims (groups 0-6: e4m3 NoPE bytes with one UE8M0 scale each;
+// group 7: the 64 bf16 RoPE values).
+//
+// Why this shape: a record is decoded once per CTA, and every warp touches only its own
+// 64 dims. Per 16-row tile, warp w
+//   1. loads and decodes its 64 bytes of each row into a warp-private bf16 slice in
+//      shared memory (no CTA barrier: only this warp reads it),
+//   2. computes the partial logits  S_w = Q[:, group w] . K[:, group w]^T  (8 MMAs),
+//   3. after one barrier, sums the 8 partials of 2 head rows in a fixed order (so every
+//      run gives the same bits), runs the online softmax of those rows and publishes P,
+//   4. after a second barrier, accumulates O[:, group w] += P . K[:, group w]  (8 MMAs).
+// The query slice (16 heads x 64 dims) and the accumulator (16 x 64 fp32) of a warp stay
+// in registers for the whole split: 16 + 32 registers per thread.
+//
+// Maths and outputs are those of sparse_mla_fwd_kernel in triton_kernel.py (same split
+// policy, same partials layout, reduced by the same Triton reduction kernel):
+//   out = sum_j exp(s_j) k_j / (sum_j exp(s_j) + exp(sink)),  lse = log(sum_j exp(s_j)),
+// in base 2 internally. Rows that are -1, outside their cache or past the token's
+// length are skipped and never read; a token without rows gets 0 (lse -inf).
+//
+// Compiled through TileLang (tilelang_decode.py imports this file with T.import_source
+// and calls deepinfer_mla::decode_cta from a T.Kernel): the per-warp MMAs on warp-private
+// tiles are below what T.gemm's CTA-wide warp policies express.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace deepinfer_mla {
+
+constexpr int kWarps = 8;
+constexpr int kHeads = 16;       // heads per CTA
+constexpr int kRows = 16;        // selected rows per tile
+constexpr int kKsStride = 72;    // bf16 per K-slice row: 64 + 8 pad, conflict-free ldmatrix
+constexpr int kPsStride = 24;    // bf16 per P row: 16 + 8 pad, conflict-free ldmatrix
+constexpr int kRecordBytes = 576;
+constexpr float kNegBig = -1.0e30f;  // finite "minus infinity": exp2(m_old - m_new) stays finite
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int kRowsPerSplit>
+struct Smem {
+  uint16_t ks[kWarps][kRows][kKsStride];  // each warp's decoded 16 x 64 bf16 slice
+  float sp[kWarps][kHeads][kRows];        // each warp's partial logits
+  uint16_t ps[kHeads][kPsStride];         // P (bf16) of the tile
+  float alpha[kHeads];                    // rescale of the tile; the final factor at the end
+  const uint8_t* rec[kRowsPerSplit];      // the split's record addresses (nullptr = skip)
+  const uint8_t* scale[kRowsPerSplit];    // and their scale bytes
+};
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+// Four e4m3 bytes and four copies of their UE8M0 scale byte -> four bf16 (two bf16x2),
+// bit-identical to bf16(e4m3 * 2^(s - 127)): the same packed decode as
+// ops/fp8/triton_fp8.py (_E4M3X4_UE8M0_TO_BF16_PTX), which is tested against torch for all
+// 256 bytes x 256 scales. sign | magnitude << 4 read as bf16 is the e4m3 value times
+// 2^-120 (subnormals included); NaN codes get an all-ones exponent; two bf16x2 FMAs apply
+// 2^120 and the scale.
+__device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t data, uint32_t scale4, uint32_t& lo,
+                                                 uint32_t& hi) {
+  asm("{\n"
+      ".reg .b32 v0, v1, t0, t1, n, m0, m1, sc, k, z;\n"
+      "prmt.b32 v0, %2, 0, 0x1404;\n"
+      "prmt.b32 v1, %2, 0, 0x3424;\n"
+      "and.b32 n, %2, 0x7F7F7F7F;\n"
+      "add.u32 n, n, 0x01010101;\n"
+      "prmt.b32 m0, n, 0, 0x9988;\n"
+      "prmt.b32 m1, n, 0, 0xBBAA;\n"
+      "shr.b32 t0, v0, 4;\n"
+      "shr.b32 t1, v1, 4;\n"
+      "and.b32 v0, v0, 0x80008000;\n"
+      "and.b32 v1, v1, 0x80008000;\n"
+      "lop3.b32 t0, t0, 0x07F007F0, v0, 0xEA;\n"
+      "lop3.b32 t1, t1, 0x07F007F0, v1, 0xEA;\n"
+      "lop3.b32 t0, m0, 0x7F807F80, t0, 0xEA;\n"
+      "lop3.b32 t1, m1, 0x7F807F80, t1, 0xEA;\n"
+      "prmt.b32 sc, %3, 0, 0x1404;\n"
+      "shr.b32 sc, sc, 1;\n"
+      "mov.b32 k, 0x7B807B80;\n"
+      "mov.b32 z, 0x80008000;\n"
+      "fma.rn.bf16x2 t0, t0, k, z;\n"
+      "fma.rn.bf16x2 t1, t1, k, z;\n"
+      "fma.rn.bf16x2 %0, t0, sc, z;\n"
+      "fma.rn.bf16x2 %1, t1, sc, z;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(data), "r"(scale4));
+}
+
+// One lane's share of a tile's bytes: row (lane / 2), half (lane % 2) of the warp's 64
+// dims. NoPE warps use v[0..1] (32 e4m3 bytes) and scale4; the RoPE warp v[0..3] (32 bf16).
+struct TileBytes {
+  uint4 v[4];
+  uint32_t scale4;
+};
+
+__device__ __forceinline__ TileBytes load_tile(const uint8_t* rec, const uint8_t* scale, int warp,
+                                               int half) {
+  TileBytes b;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  b.v[0] = b.v[1] = b.v[2] = b.v[3] = zero;
+  b.scale4 = 0u;
+  if (rec != nullptr) {
+    if (warp < 7) {
+      const uint4* p = reinterpret_cast<const uint4*>(rec + 64 * warp + 32 * half);
+      b.v[0] = __ldg(p);
+      b.v[1] = __ldg(p + 1);
+      b.scale4 = static_cast<uint32_t>(__ldg(scale + warp)) * 0x01010101u;
+    } else {
+      const uint4* p = reinterpret_cast<const uint4*>(rec + 448 + 64 * half);
+      b.v[0] = __ldg(p);
+      b.v[1] = __ldg(p + 1);
+      b.v[2] = __ldg(p + 2);
+      b.v[3] = __ldg(p + 3);
+    }
+  }
+  return b;
+}
+
+// Decoded bf16 of one lane's share, stored at ks row (lane / 2), columns 32 * half + 0..31.
+__device__ __forceinline__ void store_tile(uint16_t* ks_row, const TileBytes& b, int warp) {
+  uint4* dst = reinterpret_cast<uint4*>(ks_row);
+  if (warp < 7) {
+    const uint32_t words[8] = {b.v[0].x, b.v[0].y, b.v[0].z, b.v[0].w,
+                               b.v[1].x, b.v[1].y, b.v[1].z, b.v[1].w};
+    uint32_t o[16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e4m3x4_to_bf16x4(words[i], b.scale4, o[2 * i], o[2 * i + 1]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dst[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dst[i] = b.v[i];
+  }
+}
+
+template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
+          int kRowsPerSplit, int kMaxSplits, int kPrefetch>
+__device__ __forceinline__ void decode_cta(
+    int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
+    int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
+    int64_t part_acc_addr, int64_t part_ml_addr, int64_t main_addr, int64_t main_stride,
+    int main_rows, int main_bs, int64_t main_idx_addr, int64_t main_idx_stride,
+    int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride, int extra_rows, int extra_bs,
+    int64_t extra_idx_addr, int64_t extra_idx_stride, int64_t extra_len_addr, int64_t sink_addr,
+    float scale_log2, int num_heads, uint8_t* smem_raw) {
+  static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole tiles");
+  auto& sm = *reinterpret_cast<Smem<kRowsPerSplit>*>(smem_raw);
+  const int64_t t = blockIdx.x;
+  const int head0 = blockIdx.y * kHeads;
+  const int split = blockIdx.z;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;  // MMA fragment row group
+  const int c = lane & 3;   // MMA fragment column pair
+
+  // The token's rows per cache and its split count (lengths kept within the index widths,
+  // as token_rows in triton_kernel.py does).
+  int main_len = kMainWidth;
+  if (kHasLen) {
+    main_len = reinterpret_cast<const int*>(main_len_addr)[t];
+    main_len = min(max(main_len, 0), kMainWidth);
+  }
+  int extra_len = 0;
+  if (kHasExtra) {
+    extra_len = reinterpret_cast<const int*>(extra_len_addr)[t];
+    extra_len = min(max(extra_len, 0), kExtraWidth);
+  }
+  const int total = main_len + extra_len;
+  const int n_splits = max((total + kRowsPerSplit - 1) / kRowsPerSplit, 1);
+  if (split >= n_splits) return;
+  const int r_begin = split * kRowsPerSplit;
+  const int r_end = min(r_begin + kRowsPerSplit, total);
+
+  // Resolve the split's rows once: record and scale addresses, nullptr for a skipped row.
+  for (int i = threadIdx.x; i < kRowsPerSplit; i += kWarps * 32) {
+    const int r = r_begin + i;
+    const uint8_t* rec = nullptr;
+    const uint8_t* scl = nullptr;
+    if (r < r_end) {
+      const bool is_main = r < main_len;
+      int slot;
+      const uint8_t* base;
+      int64_t stride;
+      int bs, rows;
+      if (is_main) {
+        slot = reinterpret_cast<const int*>(main_idx_addr)[t * main_idx_stride + r];
+        base = reinterpret_cast<const uint8_t*>(main_addr);
+        stride = main_stride;
+        bs = main_bs;
+        rows = main_rows;
+      } else {
+        slot = reinterpret_cast<const int*>(extra_idx_addr)[t * extra_idx_stride + (r - main_len)];
+        base = reinterpret_cast<const uint8_t*>(extra_addr);
+        stride = extra_stride;
+        bs = extra_bs;
+        rows = extra_rows;
+      }
+      if (slot >= 0 && slot < rows) {
+        const uint8_t* page = base + static_cast<int64_t>(slot / bs) * stride;
+        const int within = slot % bs;
+        rec = page + static_cast<int64_t>(within) * kRecordBytes;
+        scl = page + static_cast<int64_t>(bs) * kRecordBytes + within * 8;
+      }
+    }
+    sm.rec[i] = rec;
+    sm.scale[i] = scl;
+  }
+
+  // This warp's query slice as MMA A fragments: 4 k-steps of 16 dims, heads g and g + 8.
+  uint32_t qa[4][4];
+  {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(q_addr) + t * q_stride_t + 64 * warp;
+    const bool lo_ok = head0 + g < num_heads;
+    const bool hi_ok = head0 + g + 8 < num_heads;
+    const uint16_t* q_lo = q + static_cast<int64_t>(head0 + g) * q_stride_h;
+    const uint16_t* q_hi = q + static_cast<int64_t>(head0 + g + 8) * q_stride_h;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int d = 16 * kk + 2 * c;
+      qa[kk][0] = lo_ok ? *reinterpret_cast<const uint32_t*>(q_lo + d) : 0u;
+      qa[kk][1] = hi_ok ? *reinterpret_cast<const uint32_t*>(q_hi + d) : 0u;
+      qa[kk][2] = lo_ok ? *reinterpret_cast<const uint32_t*>(q_lo + d + 8) : 0u;
+      qa[kk][3] = hi_ok ? *reinterpret_cast<const uint32_t*>(q_hi + d + 8) : 0u;
+    }
+  }
+
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  // Softmax state of the head row this lane owns (warp w owns rows 2w and 2w + 1).
+  const int own_row = 2 * warp + (lane >> 4);
+  const int own_col = lane & 15;
+  float m_run = kNegBig;
+  float l_run = 0.f;
+
+  __syncthreads();  // sm.rec / sm.scale are complete
+
+  const int my_row = lane >> 1;
+  const int half = lane & 1;
+  uint16_t* ks = &sm.ks[warp][0][0];
+  // Software pipeline in registers: the loads of the next kPrefetch tiles are in flight
+  // while a tile is decoded and multiplied (kPrefetch 2 keeps two tiles' bytes in flight).
+  static_assert(kPrefetch == 1 || kPrefetch == 2, "kPrefetch is 1 or 2");
+  TileBytes ahead[kPrefetch];
+#pragma unroll
+  for (int k = 0; k < kPrefetch; ++k) {
+    if (r_begin + k * kRows < r_end) {
+      const int ni = k * kRows + my_row;
+      ahead[k] = load_tile(sm.rec[ni], sm.scale[ni], warp, half);
+    }
+  }
+
+  for (int r0 = r_begin; r0 < r_end; r0 += kRows) {
+    const int i0 = r0 - r_begin;
+    const TileBytes cur = ahead[0];
+#pragma unroll
+    for (int k = 0; k + 1 < kPrefetch; ++k) ahead[k] = ahead[k + 1];
+    // Which of the tile's 16 rows are real (bit j = row r0 + j).
+    const bool row_ok = (r0 + own_col < r_end) && sm.rec[i0 + own_col] != nullptr;
+    const uint32_t valid = __ballot_sync(0xffffffffu, row_ok) & 0xffffu;
+    // Issue the loads kPrefetch tiles ahead before this tile's math.
+    if (r0 + kPrefetch * kRows < r_end) {
+      const int ni = i0 + kPrefetch * kRows + my_row;
+      ahead[kPrefetch - 1] = load_tile(sm.rec[ni], sm.scale[ni], warp, half);
+    }
+
+    store_tile(ks + my_row * kKsStride + 32 * half, cur, warp);
+    __syncwarp();
+
+    // Partial logits of this warp's 64 dims: 16 heads x 16 rows, two n-tiles of 8 rows.
+    float s[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < 4; kk += 2) {
+        uint32_t kb[4];
+        ldsm_x4(kb, ks + (8 * j + (lane & 7)) * kKsStride + 16 * kk + 8 * (lane >> 3));
+        mma_bf16(s[j], qa[kk], kb[0], kb[1]);
+        mma_bf16(s[j], qa[kk + 1], kb[2], kb[3]);
+      }
+      *reinterpret_cast<float2*>(&sm.sp[warp][g][8 * j + 2 * c]) = make_float2(s[j][0], s[j][1]);
+      *reinterpret_cast<float2*>(&sm.sp[warp][g + 8][8 * j + 2 * c]) =
+          make_float2(s[j][2], s[j][3]);
+    }
+    __syncthreads();
+
+    // Owner: full logits of (own_row, own_col), summed over the 8 groups in a fixed order.
+    {
+      float x = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) x += sm.sp[w][own_row][own_col];
+      x = ((valid >> own_col) & 1u) ? x * scale_log2 : -INFINITY;
+      float mx = x;
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m_run, mx);
+      const float alpha = exp2f(m_run - m_new);
+      const float p = exp2f(x - m_new);
+      float ps = p;
+#pragma unroll
+      for (int off = 8; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+      l_run = l_run * alpha + ps;
+      m_run = m_new;
+      const __nv_bfloat16 pb = __float2bfloat16_rn(p);
+      sm.ps[own_row][own_col] = *reinterpret_cast<const uint16_t*>(&pb);
+      if (own_col == 0) sm.alpha[own_row] = alpha;
+    }
+    __syncthreads();
+
+    // O[:, group w] = O * alpha + P . K[:, group w]
+    {
+      const float a_lo = sm.alpha[g];
+      const float a_hi = sm.alpha[g + 8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        acc[j][0] *= a_lo;
+        acc[j][1] *= a_lo;
+        acc[j][2] *= a_hi;
+        acc[j][3] *= a_hi;
+      }
+      uint32_t pa[4];
+      ldsm_x4(pa, &sm.ps[(lane & 7) + 8 * ((lane >> 3) & 1)][8 * (lane >> 4)]);
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        uint32_t kb[4];
+        ldsm_x4_trans(kb, ks + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kKsStride +
+                              8 * (j + (lane >> 4)));
+        mma_bf16(acc[j], pa, kb[0], kb[1]);
+        mma_bf16(acc[j + 1], pa, kb[2], kb[3]);
+      }
+    }
+    __syncwarp();  // this warp's ldmatrix reads of ks are done before the next tile's stores
+  }
+
+  const int64_t h_lo = head0 + g;
+  const int64_t h_hi = head0 + g + 8;
+  if (n_splits == 1) {
+    // Owner: normalization factor (sink in the denominator only) and lse, natural log.
+    {
+      const int64_t h = head0 + own_row;
+      const bool has_rows = l_run > 0.f;
+      const float lse = has_rows ? (m_run + log2f(l_run)) / kLog2e : -INFINITY;
+      float alpha = 1.f;
+      float den = l_run;
+      if (kHasSink) {
+        const float sink = h < num_heads ? reinterpret_cast<const float*>(sink_addr)[h] * kLog2e : 0.f;
+        const float m_f = fmaxf(m_run, sink);
+        alpha = exp2f(m_run - m_f);
+        den = l_run * alpha + exp2f(sink - m_f);
+      }
+      if (!(den > 0.f)) den = 1.f;  // no rows and no sink: output 0
+      __syncthreads();  // every warp has read the last tile's alpha
+      if (own_col == 0) {
+        sm.alpha[own_row] = alpha / den;
+        if (h < num_heads) lse_ptr[t * lse_stride_t + h] = lse;
+      }
+      __syncthreads();
+    }
+    const float f_lo = sm.alpha[g];
+    const float f_hi = sm.alpha[g + 8];
+    __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(out_addr) + t * out_stride_t + 64 * warp;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = 8 * j + 2 * c;
+      if (h_lo < num_heads)
+        *reinterpret_cast<__nv_bfloat162*>(out + h_lo * out_stride_h + d) =
+            __floats2bfloat162_rn(acc[j][0] * f_lo, acc[j][1] * f_lo);
+      if (h_hi < num_heads)
+        *reinterpret_cast<__nv_bfloat162*>(out + h_hi * out_stride_h + d) =
+            __floats2bfloat162_rn(acc[j][2] * f_hi, acc[j][3] * f_hi);
+    }
+  } else {
+    // Partials for the reduction kernel: unnormalized acc and (m, l), base 2.
+    const int64_t h = head0 + own_row;
+    if (own_col == 0 && h < num_heads) {
+      float* ml = reinterpret_cast<float*>(part_ml_addr) + ((t * num_heads + h) * kMaxSplits + split) * 2;
+      ml[0] = m_run;
+      ml[1] = l_run;
+    }
+    float* part = reinterpret_cast<float*>(part_acc_addr);
+    float* p_lo = part + ((t * num_heads + h_lo) * kMaxSplits + split) * 512 + 64 * warp;
+    float* p_hi = part + ((t * num_heads + h_hi) * kMaxSplits + split) * 512 + 64 * warp;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = 8 * j + 2 * c;
+      if (h_lo < num_heads) *reinterpret_cast<float2*>(p_lo + d) = make_float2(acc[j][0], acc[j][1]);
+      if (h_hi < num_heads) *reinterpret_cast<float2*>(p_hi + d) = make_float2(acc[j][2], acc[j][3]);
+    }
+  }
+}
+
+}  // namespace deepinfer_mla

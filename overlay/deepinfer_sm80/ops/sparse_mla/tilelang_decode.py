@@ -1,0 +1,280 @@
+"""Sparse MLA decode through TileLang: the warp-per-scale-group kernel of
+``decode_sm80.cuh`` (8 warps, each owning 64 of the 512 dims, so a record is decoded
+once per 16 heads and no warp re-reads the query from shared memory).
+
+The kernel body is CUDA C++ imported with ``T.import_source`` and called from a
+``T.Kernel``: it needs per-warp MMAs on warp-private tiles, which ``T.gemm``'s CTA-wide
+warp policies do not express. TileLang still owns the build (nvcc, its disk cache keyed
+by the TIR, target and pass configs), the launch on PyTorch's current stream and the
+shared-memory allocation, exactly as for the mHC kernels.
+
+It computes what ``sparse_mla_fwd_kernel`` computes for decode (same split policy and
+partials layout; the Triton reduction kernel merges its partials). Only a GPU can run
+it: the Triton interpreter does not apply, so its correctness tests are on the GPU tier
+(``tests/ops/test_sparse_mla.py``) and CPU CI checks its Ampere fit (``ampere_fit``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepinfer_sm80.arch import kernel_config
+
+# One TileLang compile cache for all our TileLang kernels (pinned backend and pass
+# configs give stable disk-cache keys); it takes any variant with build()/pass_configs().
+from deepinfer_sm80.ops.mhc.compile import get_kernel
+
+DSPARK_SWA_WIDTH_K5 = 192  # vLLM: round_up(window 128 + K 5, 64)
+
+THREADS = 256  # 8 warps: one per 64-dim scale group
+HEADS_PER_CTA = 16
+ROWS_PER_TILE = 16
+SOURCE_FILE = Path(__file__).with_name("decode_sm80.cuh")
+# Two CTAs per SM on sm_80 and sm_86: 128 registers per thread at most.
+MIN_CTAS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class DecodeVariant:
+    """Compile-time shape of one decode kernel: index widths, optional inputs, split size."""
+
+    main_width: int
+    extra_width: int
+    has_len: bool
+    has_sink: bool
+    rows_per_split: int
+    prefetch: int = 1  # tiles whose loads are in flight ahead of the one computed (1 or 2)
+
+    def __post_init__(self) -> None:
+        if self.rows_per_split % ROWS_PER_TILE:
+            raise ValueError(
+                f"rows_per_split: must be a multiple of {ROWS_PER_TILE}, got {self.rows_per_split}"
+            )
+
+    @property
+    def has_extra(self) -> bool:
+        return self.extra_width > 0
+
+    @property
+    def max_splits(self) -> int:
+        return max(1, -(-(self.main_width + self.extra_width) // self.rows_per_split))
+
+    @property
+    def label(self) -> str:
+        return (
+            f"sparse_mla.decode_tl[{self.main_width}+{self.extra_width},"
+            f"r{self.rows_per_split},p{self.prefetch}]"
+        )
+
+    def threads(self) -> int:
+        return THREADS
+
+    def smem_bytes(self) -> int:
+        """``sizeof(Smem<rows_per_split>)`` in decode_sm80.cuh."""
+        ks = 8 * ROWS_PER_TILE * 72 * 2
+        sp = 8 * HEADS_PER_CTA * ROWS_PER_TILE * 4
+        ps = HEADS_PER_CTA * 24 * 2
+        alpha = HEADS_PER_CTA * 4
+        addresses = 2 * 8 * self.rows_per_split
+        return ks + sp + ps + alpha + addresses
+
+    def callee(self) -> str:
+        b = {True: "true", False: "false"}
+        return (
+            f"deepinfer_mla::decode_cta<{self.main_width}, {self.extra_width}, "
+            f"{b[self.has_extra]}, {b[self.has_len]}, {b[self.has_sink]}, "
+            f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}>"
+        )
+
+    def build(self):
+        """The TileLang PrimFunc. Every buffer travels as an address (``int64``) with its
+        strides, validated by the Python wrapper; ``lse`` is a real tensor parameter so
+        TileLang launches on PyTorch's current stream and sizes the grid from it."""
+        import tilelang.language as T  # noqa: N812 -- TileLang's own spelling
+
+        source = SOURCE_FILE.read_text()
+        num_tokens = T.dynamic("num_tokens")
+        padded_heads = T.dynamic("padded_heads")
+        smem = self.smem_bytes()
+        callee = self.callee()
+        max_splits = self.max_splits
+
+        @T.prim_func
+        def kernel(
+            lse: T.Tensor((num_tokens, padded_heads), "float32"),
+            q_addr: T.int64,
+            q_stride_t: T.int64,
+            q_stride_h: T.int64,
+            out_addr: T.int64,
+            out_stride_t: T.int64,
+            out_stride_h: T.int64,
+            part_acc_addr: T.int64,
+            part_ml_addr: T.int64,
+            main_addr: T.int64,
+            main_stride: T.int64,
+            main_rows: T.int32,
+            main_bs: T.int32,
+            main_idx_addr: T.int64,
+            main_idx_stride: T.int64,
+            main_len_addr: T.int64,
+            extra_addr: T.int64,
+            extra_stride: T.int64,
+            extra_rows: T.int32,
+            extra_bs: T.int32,
+            extra_idx_addr: T.int64,
+            extra_idx_stride: T.int64,
+            extra_len_addr: T.int64,
+            sink_addr: T.int64,
+            scale_log2: T.float32,
+            num_heads: T.int32,
+        ):
+            with T.Kernel(
+                num_tokens,
+                T.ceildiv(num_heads, HEADS_PER_CTA),
+                max_splits,
+                threads=THREADS,
+            ) as (_, _, _):
+                T.import_source(source)
+                T.annotate_min_blocks_per_sm(MIN_CTAS_PER_SM)
+                buf = T.alloc_shared((smem,), "uint8")
+                T.call_extern(
+                    "handle",
+                    callee,
+                    q_addr,
+                    q_stride_t,
+                    q_stride_h,
+                    out_addr,
+                    out_stride_t,
+                    out_stride_h,
+                    T.address_of(lse[0, 0]),
+                    padded_heads,
+                    part_acc_addr,
+                    part_ml_addr,
+                    main_addr,
+                    main_stride,
+                    main_rows,
+                    main_bs,
+                    main_idx_addr,
+                    main_idx_stride,
+                    main_len_addr,
+                    extra_addr,
+                    extra_stride,
+                    extra_rows,
+                    extra_bs,
+                    extra_idx_addr,
+                    extra_idx_stride,
+                    extra_len_addr,
+                    sink_addr,
+                    scale_log2,
+                    num_heads,
+                    T.address_of(buf[0]),
+                )
+
+        return kernel
+
+    def pass_configs(self) -> dict:
+        import tilelang
+
+        key = tilelang.PassConfigKey
+        return {key.TL_DISABLE_WARP_SPECIALIZED: True, key.TL_DISABLE_TMA_LOWER: True}
+
+
+def shipped_variants() -> list[DecodeVariant]:
+    """What a DeepSeek-V4.1 server launches: SWA 128 + Top-K 512 (compressed layers),
+    SWA 128 alone, and the DSpark draft layers' 192-row window; vLLM always passes the
+    lengths and the sink. Split size and prefetch depth are arch.py's."""
+    cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
+    rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
+    return [
+        DecodeVariant(main, extra, True, True, rps, prefetch)
+        for main, extra in ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
+    ]
+
+
+def fit_reports(ccs=(80, 86)) -> list:
+    """``ampere_fit.FitReport`` per shipped variant and architecture (nvcc + ptxas -v
+    through the helpers the mHC kernels are measured with)."""
+    import dataclasses
+
+    from deepinfer_sm80.ops.mhc.warmup import fit_report
+
+    return [
+        dataclasses.replace(fit_report(v, cc)[0], min_ctas_per_sm=MIN_CTAS_PER_SM)
+        for cc in ccs
+        for v in shipped_variants()
+    ]
+
+
+def warmup(log=print) -> list[dict]:
+    """Compile (or load from TileLang's cache) every shipped variant for this GPU."""
+    records = []
+    for variant in shipped_variants():
+        t0 = time.perf_counter()
+        get_kernel(variant)
+        dt = time.perf_counter() - t0
+        records.append({"variant": variant.label, "seconds": dt})
+        log(f"sparse MLA decode kernel {variant.label}: ready in {dt:.2f} s")
+    return records
+
+
+def launch(
+    q,
+    out,
+    lse,
+    main,
+    main_idx,
+    main_len,
+    extra,
+    extra_idx,
+    extra_len,
+    attn_sink,
+    scale_log2: float,
+    heads: int,
+    rows_per_split: int,
+    prefetch: int,
+    part_acc,
+    part_ml,
+) -> None:
+    """Run the decode kernel on tensors the wrapper (``triton_kernel.sparse_mla_decode``)
+    has validated: caches ``[blocks, bs, 584]`` uint8 with 16-byte-aligned pages, index
+    rows ``[T, W]`` int32 with unit stride, ``lse`` a fresh contiguous ``[T, Hp]`` f32.
+    ``part_acc``/``part_ml`` are the reduction's partials (ignored with one split)."""
+    variant = DecodeVariant(
+        main_width=main_idx.shape[1],
+        extra_width=extra_idx.shape[1] if extra is not None else 0,
+        has_len=main_len is not None,
+        has_sink=attn_sink is not None,
+        rows_per_split=rows_per_split,
+        prefetch=prefetch,
+    )
+    has_extra = extra is not None
+    get_kernel(variant)(
+        lse,
+        q.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        out.data_ptr(),
+        out.stride(0),
+        out.stride(1),
+        part_acc.data_ptr(),
+        part_ml.data_ptr(),
+        main.data_ptr(),
+        main.stride(0),
+        main.shape[0] * main.shape[1],
+        main.shape[1],
+        main_idx.data_ptr(),
+        main_idx.stride(0),
+        main_len.data_ptr() if main_len is not None else 0,
+        extra.data_ptr() if has_extra else 0,
+        extra.stride(0) if has_extra else 0,
+        extra.shape[0] * extra.shape[1] if has_extra else 0,
+        extra.shape[1] if has_extra else 1,
+        extra_idx.data_ptr() if has_extra else 0,
+        extra_idx.stride(0) if has_extra else 0,
+        extra_len.data_ptr() if has_extra else 0,
+        attn_sink.data_ptr() if attn_sink is not None else 0,
+        scale_log2,
+        heads,
+    )

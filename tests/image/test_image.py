@@ -172,6 +172,11 @@ def test_aot_kernels_are_in_the_image():
     mhc = json.loads(out.stdout)
     assert mhc["arches"] == ["sm_80", "sm_86"]
     assert mhc["kernels"] and all(k["error"] is None for k in mhc["kernels"])
+    out = _in_service("cat $DEEPINFER_AOT_DIR/sparse_mla/manifest.json")
+    assert out.returncode == 0, out.stderr
+    mla = json.loads(out.stdout)
+    assert mla["arches"] == ["sm_80", "sm_86"]
+    assert len(mla["kernels"]) == 6 and all(k["error"] is None for k in mla["kernels"])
 
 
 def test_launcher_renders_or_refuses_in_the_image():

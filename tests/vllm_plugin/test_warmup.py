@@ -66,8 +66,16 @@ def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypat
     from deepinfer_sm80.vllm_plugin import warmup
 
     monkeypatch.setattr(mhc_warmup, "prepare_mhc_kernels", lambda *a, **k: [{"variant": "m"}])
-    monkeypatch.setattr(tilelang_decode, "warmup", lambda log: [{"variant": "d"}])
+    seen = {}
+
+    def fake_warmup(log, aot_dir=None):
+        seen["aot_dir"] = aot_dir
+        return [{"variant": "d"}]
+
+    monkeypatch.setattr(tilelang_decode, "warmup", fake_warmup)
+    monkeypatch.setenv("DEEPINFER_AOT_DIR", "/opt/kernels")
     # This machine (CPU, interpreter): the Triton decode runs, nothing to compile.
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}]
     monkeypatch.setattr(triton_kernel, "decode_engine", lambda device: "tilelang")
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}, {"variant": "d"}]
+    assert str(seen["aot_dir"]) == "/opt/kernels/sparse_mla"

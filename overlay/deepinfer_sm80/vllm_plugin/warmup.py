@@ -61,7 +61,8 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if decode_engine(device) == "tilelang":
-        records += tilelang_decode.warmup(log=logger.info)
+        aot_mla = Path(aot) / "sparse_mla" if aot else None
+        records += tilelang_decode.warmup(log=logger.info, aot_dir=aot_mla)
     return records
 
 

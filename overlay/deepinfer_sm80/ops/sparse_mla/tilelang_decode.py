@@ -68,6 +68,10 @@ class DecodeVariant:
             f"r{self.rows_per_split},p{self.prefetch}]"
         )
 
+    @property
+    def min_ctas_per_sm(self) -> int:
+        return MIN_CTAS_PER_SM
+
     def threads(self) -> int:
         return THREADS
 
@@ -207,8 +211,13 @@ def fit_reports(ccs=(80, 86)) -> list:
     ]
 
 
-def warmup(log=print) -> list[dict]:
-    """Compile (or load from TileLang's cache) every shipped variant for this GPU."""
+def warmup(log=print, aot_dir: Path | None = None) -> list[dict]:
+    """Compile (or load from TileLang's cache) every shipped variant for this GPU, after
+    copying the image's AOT builds (``aot_dir``, see ``aot_build``) into that cache."""
+    from deepinfer_sm80.ops.mhc.warmup import seed_tilelang_cache
+
+    if aot_dir is not None and aot_dir.is_dir():
+        log(f"sparse MLA decode: seeded {seed_tilelang_cache(aot_dir)} TileLang cache files")
     records = []
     for variant in shipped_variants():
         t0 = time.perf_counter()
@@ -217,6 +226,73 @@ def warmup(log=print) -> list[dict]:
         records.append({"variant": variant.label, "seconds": dt})
         log(f"sparse MLA decode kernel {variant.label}: ready in {dt:.2f} s")
     return records
+
+
+def aot_build(dest: Path, ccs=(80, 86), log=print) -> dict:
+    """Compile every shipped variant for each ``sm_{cc}`` into ``dest/tilelang`` (a
+    TileLang cache folder) and write ``dest/manifest.json``; raise if one misfits Ampere.
+    The image does this at build time, without a GPU, as for the mHC kernels."""
+    import dataclasses
+    import json
+    import os
+
+    from deepinfer_sm80.ops.mhc.compile import forget_compiled
+    from deepinfer_sm80.ops.mhc.warmup import MANIFEST, TILELANG_SUBDIR, fit_report
+    from deepinfer_sm80.testing.ampere_fit import fit_violations
+
+    cache = Path(dest) / TILELANG_SUBDIR
+    cache.mkdir(parents=True, exist_ok=True)
+    # Kernels already compiled in this process would be served from memory and never
+    # reach the new cache folder.
+    forget_compiled()
+    previous = os.environ.get("TILELANG_CACHE_DIR")
+    os.environ["TILELANG_CACHE_DIR"] = str(cache)  # TileLang reads it on every lookup
+    reports, rows = [], []
+    try:
+        for cc in ccs:
+            for variant in shipped_variants():
+                report, seconds = fit_report(variant, cc)
+                report = dataclasses.replace(report, min_ctas_per_sm=variant.min_ctas_per_sm)
+                reports.append(report)
+                rows.append({**dataclasses.asdict(report), "compile_seconds": round(seconds, 2)})
+                log(
+                    f"sparse MLA decode AOT {variant.label} sm_{cc}: {seconds:.1f} s, "
+                    f"{report.registers} regs, {report.shared_bytes} B smem"
+                    + (f", ERROR {report.error}" if report.error else "")
+                )
+    finally:
+        if previous is None:
+            os.environ.pop("TILELANG_CACHE_DIR", None)
+        else:
+            os.environ["TILELANG_CACHE_DIR"] = previous
+    manifest = {"arches": [f"sm_{cc}" for cc in ccs], "kernels": rows}
+    (Path(dest) / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    problems = fit_violations(reports)
+    if problems:
+        raise RuntimeError("sparse MLA decode kernels do not fit Ampere:\n" + "\n".join(problems))
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m deepinfer_sm80.ops.sparse_mla.tilelang_decode aot DEST --arches "8.0 8.6"``"""
+    import argparse
+    import sys
+
+    from deepinfer_sm80.ops.mhc.warmup import _parse_arches
+
+    parser = argparse.ArgumentParser(prog="python -m deepinfer_sm80.ops.sparse_mla.tilelang_decode")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("aot", help="compile every shipped decode kernel for Ampere into DEST")
+    a.add_argument("dest", type=Path)
+    a.add_argument("--arches", default="8.0 8.6")
+    args = parser.parse_args(argv)
+    try:
+        manifest = aot_build(args.dest, _parse_arches(args.arches))
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.dest}: {len(manifest['kernels'])} kernel builds for {manifest['arches']}")
+    return 0
 
 
 def launch(
@@ -278,3 +354,7 @@ def launch(
         scale_log2,
         heads,
     )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -83,6 +83,15 @@ def aot_specs(coverage: Coverage) -> tuple[list[KernelSpec], list[str]]:
         if kernel.kind == "tilelang" and not kernel.is_ours:
             problems += _tilelang_entry_problems(kid, kernel)
             continue
+        if kernel.kind == "tilelang":
+            # Ours: built per variant by its module, whose fit_reports() compiles every
+            # shipped variant with nvcc for sm_80/sm_86 (checked by its package's AOT test).
+            if not ships_tilelang_fit(coverage.final.index, kernel.module):
+                problems.append(
+                    f"{kid} ({kernel.where}): our TileLang kernel is on the path, but its "
+                    "module defines no fit_reports() to check it on sm_80/sm_86"
+                )
+            continue
         if kernel.kind != "triton":
             problems.append(
                 f"{kid} ({kernel.where}): a {kernel.kind} kernel on the path; this test "
@@ -115,6 +124,14 @@ def aot_specs(coverage: Coverage) -> tuple[list[KernelSpec], list[str]]:
             continue
         specs += table.kernel_specs(kid, kernel_params(kernel))
     return specs, problems
+
+
+def ships_tilelang_fit(index: SourceIndex, module: str) -> bool:
+    """Whether ``module`` (where one of our TileLang kernels is defined) defines
+    ``fit_reports()``: the nvcc/ptxas reports of its shipped variants on sm_80/sm_86,
+    which its package's AOT test checks with ``ampere_fit.fit_violations``."""
+    info = index.info(module)
+    return info is not None and "fit_reports" in info.nodes
 
 
 @functools.cache

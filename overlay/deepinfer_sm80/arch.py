@@ -97,8 +97,10 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
         num_stages=1,
         constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 128), ("PREFETCH", 0)),
     ),
-    # The TileLang decode (ops/sparse_mla/decode_sm80.cuh): 8 warps, 16 heads x 16 rows per
-    # tile; only the split size is a knob. 113 registers, ~29 KB shared memory on sm_80/86.
+    # The TileLang decode (ops/sparse_mla/decode_sm80.cuh): 8 warps, a fixed tile of 16
+    # heads x 16 rows (BLOCK_H/BLOCK_N state it; launch() refuses other values). Knobs:
+    # rows per split, and PREFETCH (tiles of loads in flight: 1 or 2; 2 measured no
+    # faster on the H200). 112 registers, 29.5 KB shared memory on sm_80/sm_86.
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

@@ -395,22 +395,73 @@ def test_errors_name_the_argument(device):
     assert math.isclose(SCALE, 0.044194173824159216)
 
 
-def test_decode_engine_choice(monkeypatch):
-    """auto: TileLang on a CUDA device, Triton under the interpreter or on CPU; a forced
-    engine that cannot run there, or an unknown name, is refused with the variable named."""
+def test_decode_engine_choice(monkeypatch, caplog):
+    """auto: TileLang where it can run (CUDA, compute capability 8.0+, TileLang installed,
+    no interpreter), else Triton -- with a warning when a GPU falls back; a forced engine
+    that cannot run, or an unknown name, is refused with the variable and the reason."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv(mla_kernels.DECODE_ENGINE_ENV, raising=False)
     assert mla_kernels.decode_engine(cpu) == "triton"
     monkeypatch.setattr(mla_kernels, "INTERPRETING", False)
+    capability = {"cc": (8, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability["cc"])
     assert mla_kernels.decode_engine(cuda) == "tilelang"
     monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "triton")
     assert mla_kernels.decode_engine(cuda) == "triton"
     monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
-    with pytest.raises(ValueError, match="DEEPINFER_SPARSE_MLA_DECODE=tilelang needs a CUDA"):
+    with pytest.raises(ValueError, match=r"=tilelang: it needs a CUDA device .*choose triton"):
         mla_kernels.decode_engine(cpu)
+    capability["cc"] = (7, 5)
+    with pytest.raises(ValueError, match=r"compute capability 8\.0 or newer \(this GPU is 7\.5\)"):
+        mla_kernels.decode_engine(cuda)
+    monkeypatch.delenv(mla_kernels.DECODE_ENGINE_ENV)
+    with caplog.at_level("WARNING", logger="deepinfer_sm80.sparse_mla"):
+        assert mla_kernels.decode_engine(cuda) == "triton"
+    assert "runs the Triton kernel: it needs compute capability 8.0" in caplog.text
+    capability["cc"] = (8, 6)
+    monkeypatch.setattr(mla_kernels.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    with pytest.raises(ValueError, match="TileLang is not installed"):
+        mla_kernels.decode_engine(cuda)
     monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "flashmla")
     with pytest.raises(ValueError, match="expected one of auto, tilelang, triton"):
         mla_kernels.decode_engine(cuda)
+
+
+def test_inputs_on_another_device_are_refused(device):
+    """The TileLang path passes raw addresses: a tensor on another device must be refused
+    up front (here: the meta device), never turned into a wild address."""
+    case = make_decode_case(1, 64, seed=0, device=device)
+    meta = torch.device("meta")
+    with pytest.raises(ValueError, match=r"k_cache: expected a tensor on"):
+        sparse_mla_decode(case.q, case.cache.to(meta), case.idx, case.lens, SCALE)
+    with pytest.raises(ValueError, match=r"topk_length: expected a tensor on"):
+        sparse_mla_decode(case.q, case.cache, case.idx, case.lens.to(meta), SCALE)
+    with pytest.raises(ValueError, match=r"attn_sink: expected a tensor on"):
+        sparse_mla_decode(case.q, case.cache, case.idx, case.lens, SCALE, case.sink.to(meta))
+    strided_lens = torch.zeros(4, dtype=torch.int32, device=device)[::2]  # 2 entries, stride 2
+    with pytest.raises(ValueError, match=r"topk_length: expected contiguous entries"):
+        sparse_mla_decode(
+            case.q.repeat(2, 1, 1), case.cache, case.idx.repeat(2, 1), strided_lens, SCALE
+        )
+
+
+def test_the_two_copies_of_the_fp8_decode_ptx_are_the_same():
+    """decode_sm80.cuh carries the packed e4m3 x UE8M0 -> bf16 PTX that ops/fp8 tests
+    bit-exactly against torch for all 256 bytes x 256 scales; the copies must not drift."""
+    import re
+    from pathlib import Path
+
+    from deepinfer_sm80.ops.fp8 import triton_fp8
+
+    cuh = (Path(mla_kernels.__file__).with_name("decode_sm80.cuh")).read_text()
+    body = cuh[cuh.index("e4m3x4_to_bf16x4(") :]
+    asm_lines = re.findall(r'"([^"]*)\\n"', body[: body.index(': "=r"(lo)')])
+    cuda_ptx = [re.sub(r"%(\d)", r"$\1", line).strip() for line in asm_lines]
+    triton_ptx = [
+        line.strip() for line in triton_fp8._E4M3X4_UE8M0_TO_BF16_PTX.value.strip().splitlines()
+    ]
+    assert len(cuda_ptx) > 20 and cuda_ptx == triton_ptx
 
 
 @pytest.mark.aot
@@ -450,3 +501,28 @@ def test_tilelang_decode_aot_build_and_refusal(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"decode_tl\[128\+512[^\n]* on sm_80: spills"):
         tilelang_decode.aot_build(tmp_path / "bad", [80])
     assert tilelang_decode.main(["aot", str(tmp_path / "x"), "--arches", "9.0"]) == 2
+
+
+def test_tilelang_launch_refuses_what_its_kernel_cannot_take(monkeypatch):
+    """Checked before anything reaches the GPU: q/out must be 4-byte aligned with even
+    strides (the kernel moves bf16 pairs), and arch.py's BLOCK_H/BLOCK_N must state the
+    kernel's fixed 16 x 16 tile."""
+    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+
+    flat = torch.zeros(2 * 64 * 512 + 1, dtype=torch.bfloat16)
+    odd = flat[1:].view(2, 64, 512)  # 2-byte offset
+    good = torch.zeros(2, 64, 512, dtype=torch.bfloat16)
+    args = (None,) * 8 + (1.0, 64, 128, 1, None, None)
+    with pytest.raises(ValueError, match=r"q: the TileLang decode needs a 4-byte-aligned"):
+        tilelang_decode.launch(odd, good, *args)
+    with pytest.raises(ValueError, match=r"out: .*DEEPINFER_SPARSE_MLA_DECODE=triton"):
+        tilelang_decode.launch(good, odd, *args)
+    cfg = arch.KERNEL_CONFIGS["sparse_mla.decode_tilelang"]
+    consts = {**cfg.constexpr_dict(), "BLOCK_N": 32}
+    monkeypatch.setitem(
+        arch.KERNEL_CONFIGS,
+        "sparse_mla.decode_tilelang",
+        dataclasses.replace(cfg, constexprs=tuple(consts.items())),
+    )
+    with pytest.raises(ValueError, match=r"BLOCK_H/BLOCK_N are the kernel's fixed tile"):
+        tilelang_decode.launch(good, good, *args)

@@ -16,6 +16,7 @@ it: the Triton interpreter does not apply, so its correctness tests are on the G
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,9 +64,10 @@ class DecodeVariant:
 
     @property
     def label(self) -> str:
+        flags = ("" if self.has_len else ",nolen") + ("" if self.has_sink else ",nosink")
         return (
             f"sparse_mla.decode_tl[{self.main_width}+{self.extra_width},"
-            f"r{self.rows_per_split},p{self.prefetch}]"
+            f"r{self.rows_per_split},p{self.prefetch}{flags}]"
         )
 
     @property
@@ -183,6 +185,24 @@ class DecodeVariant:
 
         key = tilelang.PassConfigKey
         return {key.TL_DISABLE_WARP_SPECIALIZED: True, key.TL_DISABLE_TMA_LOWER: True}
+
+
+DECODE_ENGINE_HINT = "DEEPINFER_SPARSE_MLA_DECODE=triton"
+_noted: set[DecodeVariant] = set()
+
+
+def _shipped_set() -> frozenset[DecodeVariant]:
+    return frozenset(shipped_variants())
+
+
+def _note_unshipped(variant: DecodeVariant) -> None:
+    if variant not in _noted:
+        _noted.add(variant)
+        logging.getLogger("deepinfer_sm80.sparse_mla").warning(
+            "sparse MLA decode: %s is not among the variants warmup compiles; it compiles "
+            "on first use",
+            variant.label,
+        )
 
 
 def shipped_variants() -> list[DecodeVariant]:
@@ -314,9 +334,24 @@ def launch(
     part_ml,
 ) -> None:
     """Run the decode kernel on tensors the wrapper (``triton_kernel.sparse_mla_decode``)
-    has validated: caches ``[blocks, bs, 584]`` uint8 with 16-byte-aligned pages, index
-    rows ``[T, W]`` int32 with unit stride, ``lse`` a fresh contiguous ``[T, Hp]`` f32.
-    ``part_acc``/``part_ml`` are the reduction's partials (ignored with one split)."""
+    has validated: all on q's device, caches ``[blocks, bs, 584]`` uint8 with
+    16-byte-aligned pages, index rows ``[T, W]`` int32 with unit stride, contiguous
+    lengths and sink, ``lse`` a fresh contiguous ``[T, Hp]`` f32. ``part_acc``/``part_ml``
+    are the reduction's partials (ignored with one split). The kernel moves q and out as
+    32-bit pairs: both must be 4-byte aligned with even strides (checked here)."""
+    for name, t in (("q", q), ("out", out)):
+        if t.data_ptr() % 4 or t.stride(0) % 2 or t.stride(1) % 2:
+            raise ValueError(
+                f"{name}: the TileLang decode needs a 4-byte-aligned tensor with even "
+                f"strides (address % 4 = {t.data_ptr() % 4}, strides {t.stride()}); pass "
+                f"a contiguous tensor or set {DECODE_ENGINE_HINT}"
+            )
+    cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
+    if (cfg["BLOCK_H"], cfg["BLOCK_N"]) != (HEADS_PER_CTA, ROWS_PER_TILE):
+        raise ValueError(
+            f"arch.py sparse_mla.decode_tilelang: BLOCK_H/BLOCK_N are the kernel's fixed "
+            f"tile ({HEADS_PER_CTA}/{ROWS_PER_TILE}), got {cfg['BLOCK_H']}/{cfg['BLOCK_N']}"
+        )
     variant = DecodeVariant(
         main_width=main_idx.shape[1],
         extra_width=extra_idx.shape[1] if extra is not None else 0,
@@ -325,6 +360,10 @@ def launch(
         rows_per_split=rows_per_split,
         prefetch=prefetch,
     )
+    if variant not in _shipped_set():
+        # Compiled on first use (about 2 s, with nvcc): outside warmup that can land in a
+        # CUDA-graph capture or a request. Say so once per variant.
+        _note_unshipped(variant)
     has_extra = extra is not None
     get_kernel(variant)(
         lse,

@@ -23,6 +23,8 @@ have more than one split (``max splits > 1`` from the index widths), and skips t
 that had one. No host sync and no data-dependent allocation: CUDA-graph safe.
 """
 
+import importlib.util
+import logging
 import math
 import os
 
@@ -443,9 +445,9 @@ def sparse_mla_reduce_kernel(
         )
 
 
-def _as_cache(name: str, cache: torch.Tensor) -> torch.Tensor:
+def _as_cache(name: str, cache: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Accept vLLM's ``[blocks, bs, 584]`` or FlashMLA's ``[blocks, bs, 1, 584]``."""
-    check_tensor(name, cache, dtype=torch.uint8, ndim=(3, 4))
+    check_tensor(name, cache, dtype=torch.uint8, ndim=(3, 4), device=device)
     if cache.dim() == 4:
         if cache.shape[2] != 1:
             raise ValueError(f"{name}: expected one KV head, got shape {tuple(cache.shape)}")
@@ -466,8 +468,8 @@ def _as_cache(name: str, cache: torch.Tensor) -> torch.Tensor:
     return cache
 
 
-def _as_rows(name: str, idx: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    check_tensor(name, idx, dtype=torch.int32, ndim=(2, 3))
+def _as_rows(name: str, idx: torch.Tensor, num_tokens: int, device: torch.device) -> torch.Tensor:
+    check_tensor(name, idx, dtype=torch.int32, ndim=(2, 3), device=device)
     if idx.dim() == 3:
         if idx.shape[1] != 1:
             raise ValueError(f"{name}: expected [T, 1, W] (one KV head), got {tuple(idx.shape)}")
@@ -479,20 +481,28 @@ def _as_rows(name: str, idx: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return idx
 
 
-def _as_lengths(name: str, lengths: torch.Tensor | None, num_tokens: int) -> torch.Tensor | None:
+def _as_lengths(
+    name: str, lengths: torch.Tensor | None, num_tokens: int, device: torch.device
+) -> torch.Tensor | None:
     if lengths is None:
         return None
-    check_tensor(name, lengths, dtype=torch.int32, ndim=1)
+    check_tensor(name, lengths, dtype=torch.int32, ndim=1, device=device)
     if lengths.shape[0] != num_tokens:
         raise ValueError(f"{name}: expected {num_tokens} entries, got {lengths.shape[0]}")
+    if num_tokens > 1 and lengths.stride(0) != 1:
+        raise ValueError(f"{name}: expected contiguous entries, got stride {lengths.stride(0)}")
     return lengths
 
 
-def _check_sink(attn_sink: torch.Tensor | None, heads: int) -> None:
+def _check_sink(attn_sink: torch.Tensor | None, heads: int, device: torch.device) -> None:
     if attn_sink is not None:
-        check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1)
+        check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1, device=device)
         if attn_sink.shape[0] < heads:
             raise ValueError(f"attn_sink: needs >= {heads} entries, got {attn_sink.shape[0]}")
+        if heads > 1 and attn_sink.stride(0) != 1:
+            raise ValueError(
+                f"attn_sink: expected contiguous entries, got stride {attn_sink.stride(0)}"
+            )
 
 
 def sparse_mla_decode(
@@ -540,21 +550,21 @@ def sparse_mla_decode(
     heads = Hp if num_heads is None else num_heads
     if not 0 < heads <= Hp:
         raise ValueError(f"num_heads: expected 1..{Hp} (q's padded head count), got {heads}")
-    main = _as_cache("k_cache", k_cache)
-    main_idx = _as_rows("indices", indices, T)
-    main_len = _as_lengths("topk_length", topk_length, T)
+    main = _as_cache("k_cache", k_cache, q.device)
+    main_idx = _as_rows("indices", indices, T, q.device)
+    main_len = _as_lengths("topk_length", topk_length, T, q.device)
     has_extra = extra_k_cache is not None
     if has_extra != (extra_indices is not None):
         raise ValueError("extra_k_cache and extra_indices must be given together")
     if has_extra:
-        extra = _as_cache("extra_k_cache", extra_k_cache)
-        extra_idx = _as_rows("extra_indices", extra_indices, T)
-        extra_len = _as_lengths("extra_topk_length", extra_topk_length, T)
+        extra = _as_cache("extra_k_cache", extra_k_cache, q.device)
+        extra_idx = _as_rows("extra_indices", extra_indices, T, q.device)
+        extra_len = _as_lengths("extra_topk_length", extra_topk_length, T, q.device)
         if extra_len is None:
             extra_len = torch.full((T,), extra_idx.shape[1], dtype=torch.int32, device=q.device)
     else:
         extra, extra_idx, extra_len = main, main_idx, main_len
-    _check_sink(attn_sink, heads)
+    _check_sink(attn_sink, heads, q.device)
     if main_len is None and has_extra:
         main_len = torch.full((T,), main_idx.shape[1], dtype=torch.int32, device=q.device)
     if out is None:
@@ -562,7 +572,7 @@ def sparse_mla_decode(
     else:
         if out.dim() == 4:
             out = out[:, 0]
-        check_tensor("out", out, dtype=torch.bfloat16, ndim=3)
+        check_tensor("out", out, dtype=torch.bfloat16, ndim=3, device=q.device)
         if out.shape != q.shape or out.stride(-1) != 1:
             raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(out.shape)}")
     lse = torch.empty((T, Hp), dtype=torch.float32, device=q.device)
@@ -598,21 +608,46 @@ _DECODE_ENGINES = ("auto", "tilelang", "triton")
 
 def decode_engine(device: torch.device) -> str:
     """Which decode kernel runs: ``tilelang`` (``decode_sm80.cuh``, one warp per 64-dim
-    scale group) on a CUDA device, ``triton`` (this module's unified kernel) under the
-    Triton interpreter. ``DEEPINFER_SPARSE_MLA_DECODE=triton|tilelang`` forces one."""
+    scale group) where it can (a CUDA device of compute capability 8.0+, TileLang
+    installed, no Triton interpreter), else ``triton`` (this module's unified kernel).
+    ``DEEPINFER_SPARSE_MLA_DECODE=triton|tilelang`` forces one; forcing ``tilelang``
+    where it cannot run is refused with the reason."""
     choice = os.environ.get(DECODE_ENGINE_ENV, "auto").strip().lower() or "auto"
     if choice not in _DECODE_ENGINES:
         raise ValueError(
             f"{DECODE_ENGINE_ENV}={choice!r}: expected one of {', '.join(_DECODE_ENGINES)}"
         )
-    if choice == "auto":
-        return "tilelang" if device.type == "cuda" and not INTERPRETING else "triton"
-    if choice == "tilelang" and (device.type != "cuda" or INTERPRETING):
-        raise ValueError(
-            f"{DECODE_ENGINE_ENV}=tilelang needs a CUDA device without TRITON_INTERPRET "
-            f"(got device {device}); unset it or choose triton"
-        )
-    return choice
+    if choice == "triton":
+        return choice
+    why_not = _tilelang_unusable(device)
+    if why_not is None:
+        return "tilelang"
+    if choice == "tilelang":
+        raise ValueError(f"{DECODE_ENGINE_ENV}=tilelang: {why_not}; unset it or choose triton")
+    if device.type == "cuda" and not INTERPRETING:  # auto fell back on a GPU: say so once
+        _warn_once(f"sparse MLA decode runs the Triton kernel: {why_not}")
+    return "triton"
+
+
+def _tilelang_unusable(device: torch.device) -> str | None:
+    """Why the TileLang decode cannot run on ``device`` (None = it can)."""
+    if device.type != "cuda" or INTERPRETING:
+        return f"it needs a CUDA device without TRITON_INTERPRET (got {device})"
+    if importlib.util.find_spec("tilelang") is None:
+        return "TileLang is not installed (pip install tilelang==0.1.12, as vLLM 0.33.0 pins)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return f"it needs compute capability 8.0 or newer (this GPU is {major}.{minor})"
+    return None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logging.getLogger("deepinfer_sm80.sparse_mla").warning(message)
 
 
 def sparse_mla_prefill(
@@ -651,13 +686,13 @@ def sparse_mla_prefill(
         kv = kv[:, 0]
     if kv.shape[-1] != HEAD_DIM or kv.stride(-1) != 1:
         raise ValueError(f"kv: expected [S, {HEAD_DIM}] rows, got {tuple(kv.shape)}")
-    idx = _as_rows("indices", indices, T)
-    lens = _as_lengths("topk_length", topk_length, T)
-    _check_sink(attn_sink, H)
+    idx = _as_rows("indices", indices, T, q.device)
+    lens = _as_lengths("topk_length", topk_length, T, q.device)
+    _check_sink(attn_sink, H, q.device)
     if out is None:
         out = torch.empty_like(q)
     else:
-        check_tensor("out", out, dtype=torch.bfloat16, ndim=3)
+        check_tensor("out", out, dtype=torch.bfloat16, ndim=3, device=q.device)
         if out.shape != q.shape or out.stride(-1) != 1:
             raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(out.shape)}")
     lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
@@ -876,6 +911,13 @@ def _fwd_spec(label, cfg_name, *, fp8, main_width, extra_width, block_size, rows
 def ampere_kernel_specs() -> list[KernelSpec]:
     """Shipped configs at DeepSeek-V4.1 widths: SWA 128 (+ DSpark 192), Top-K 512."""
     rps = kernel_config("sparse_mla.decode").constexpr_dict()["ROWS_PER_SPLIT"]
+    # The reduction merges either decode kernel's partials: one spec per split size.
+    reduce_rps = sorted(
+        {
+            kernel_config(name).constexpr_dict()["ROWS_PER_SPLIT"]
+            for name in ("sparse_mla.decode", "sparse_mla.decode_tilelang")
+        }
+    )
     specs = [
         _fwd_spec(
             "sparse_mla.decode[swa128]",
@@ -915,38 +957,39 @@ def ampere_kernel_specs() -> list[KernelSpec]:
         ),
     ]
     red = kernel_config("sparse_mla.reduce")
-    specs.append(
-        KernelSpec(
-            label="sparse_mla.reduce[640]",
-            kernel=f"{_MODULE}:sparse_mla_reduce_kernel",
-            signature={
-                "out_ptr": "*bf16",
-                "out_stride_t": "i32",
-                "out_stride_h": "i32",
-                "lse_ptr": "*fp32",
-                "lse_stride_t": "i32",
-                "part_acc_ptr": "*fp32",
-                "part_ml_ptr": "*fp32",
-                "main_len_ptr": "*i32",
-                "extra_len_ptr": "*i32",
-                "sink_ptr": "*fp32",
-                "num_heads": "i32",
-            },
-            constexprs={
-                "MAIN_WIDTH": 128,
-                "EXTRA_WIDTH": 512,
-                "HAS_EXTRA": True,
-                "HAS_LEN": True,
-                "HAS_SINK": True,
-                "ROWS_PER_SPLIT": rps,
-                "MAX_SPLITS": math.ceil(640 / rps),
-                "BLOCK_H": red.constexpr_dict()["BLOCK_H"],
-            },
-            num_warps=red.num_warps,
-            num_stages=red.num_stages,
-            ints_divisible_by_16=("out_stride_t", "out_stride_h"),
+    for r in reduce_rps:
+        specs.append(
+            KernelSpec(
+                label="sparse_mla.reduce[640]" + ("" if r == rps else f"[r{r}]"),
+                kernel=f"{_MODULE}:sparse_mla_reduce_kernel",
+                signature={
+                    "out_ptr": "*bf16",
+                    "out_stride_t": "i32",
+                    "out_stride_h": "i32",
+                    "lse_ptr": "*fp32",
+                    "lse_stride_t": "i32",
+                    "part_acc_ptr": "*fp32",
+                    "part_ml_ptr": "*fp32",
+                    "main_len_ptr": "*i32",
+                    "extra_len_ptr": "*i32",
+                    "sink_ptr": "*fp32",
+                    "num_heads": "i32",
+                },
+                constexprs={
+                    "MAIN_WIDTH": 128,
+                    "EXTRA_WIDTH": 512,
+                    "HAS_EXTRA": True,
+                    "HAS_LEN": True,
+                    "HAS_SINK": True,
+                    "ROWS_PER_SPLIT": r,
+                    "MAX_SPLITS": math.ceil(640 / r),
+                    "BLOCK_H": red.constexpr_dict()["BLOCK_H"],
+                },
+                num_warps=red.num_warps,
+                num_stages=red.num_stages,
+                ints_divisible_by_16=("out_stride_t", "out_stride_h"),
+            )
         )
-    )
     return specs
 
 

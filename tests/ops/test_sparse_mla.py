@@ -420,6 +420,7 @@ def test_decode_engine_choice(monkeypatch, caplog):
     assert "runs the Triton kernel: it needs compute capability 8.0" in caplog.text
     capability["cc"] = (8, 6)
     monkeypatch.setattr(mla_kernels.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delitem(mla_kernels.sys.modules, "tilelang", raising=False)
     monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
     with pytest.raises(ValueError, match="TileLang is not installed"):
         mla_kernels.decode_engine(cuda)

@@ -27,6 +27,7 @@ import importlib.util
 import logging
 import math
 import os
+import sys
 
 import torch
 import triton
@@ -633,7 +634,7 @@ def _tilelang_unusable(device: torch.device) -> str | None:
     """Why the TileLang decode cannot run on ``device`` (None = it can)."""
     if device.type != "cuda" or INTERPRETING:
         return f"it needs a CUDA device without TRITON_INTERPRET (got {device})"
-    if importlib.util.find_spec("tilelang") is None:
+    if "tilelang" not in sys.modules and importlib.util.find_spec("tilelang") is None:
         return "TileLang is not installed (pip install tilelang==0.1.12, as vLLM 0.33.0 pins)"
     major, minor = torch.cuda.get_device_capability(device)
     if major < 8:

@@ -249,6 +249,8 @@ def fit_report(variant: KernelVariant, cc: int):
             int(spill.group(1)),
             int(spill.group(2)),
             threads=variant.threads(),
+            # Variants that cap registers for several CTAs per SM say how many.
+            min_ctas_per_sm=getattr(variant, "min_ctas_per_sm", 1),
         )
         return report, compile_s
     except Exception as exc:  # noqa: BLE001 -- every failure becomes a report line
@@ -262,6 +264,35 @@ def _device_flags_key():
     return tilelang.PassConfigKey.TL_DEVICE_COMPILE_FLAGS
 
 
+def compile_into_cache(dest: Path, variants, ccs, log, what: str) -> tuple[list, list[dict]]:
+    """Compile ``variants`` (anything with ``build()``, ``pass_configs()``, ``label``,
+    ``threads()``) for each ``sm_{cc}`` into ``dest/tilelang``, a TileLang cache folder,
+    measuring each build. Returns the fit reports and one manifest row per build."""
+    cache = Path(dest) / TILELANG_SUBDIR
+    cache.mkdir(parents=True, exist_ok=True)
+    previous = os.environ.get("TILELANG_CACHE_DIR")
+    os.environ["TILELANG_CACHE_DIR"] = str(cache)  # TileLang reads it on every lookup
+    reports, rows = [], []
+    try:
+        for cc in ccs:
+            for variant in variants:
+                report, seconds = fit_report(variant, cc)
+                reports.append(report)
+                rows.append({**asdict(report), "compile_seconds": round(seconds, 2)})
+                log(
+                    f"{what} AOT {variant.label} sm_{cc}: {seconds:.1f} s, "
+                    f"{report.registers} regs, {report.shared_bytes} B smem, "
+                    f"spills {report.spill_store_bytes}/{report.spill_load_bytes}"
+                    + (f", ERROR {report.error}" if report.error else "")
+                )
+    finally:
+        if previous is None:
+            os.environ.pop("TILELANG_CACHE_DIR", None)
+        else:
+            os.environ["TILELANG_CACHE_DIR"] = previous
+    return reports, rows
+
+
 def aot_build(
     dest: Path | str,
     ccs: list[int] = (80, 86),
@@ -273,28 +304,9 @@ def aot_build(
     from deepinfer_sm80.testing.ampere_fit import fit_violations
 
     dest = Path(dest)
-    cache = dest / TILELANG_SUBDIR
-    cache.mkdir(parents=True, exist_ok=True)
-    previous = os.environ.get("TILELANG_CACHE_DIR")
-    os.environ["TILELANG_CACHE_DIR"] = str(cache)  # TileLang reads it on every lookup
-    reports, rows = [], []
-    try:
-        for cc in ccs:
-            for variant in shipped_variants(max_num_batched_tokens, model):
-                report, seconds = fit_report(variant, cc)
-                reports.append(report)
-                rows.append({**asdict(report), "compile_seconds": round(seconds, 2)})
-                log(
-                    f"mHC AOT {variant.label} sm_{cc}: {seconds:.1f} s, "
-                    f"{report.registers} regs, {report.shared_bytes} B smem, "
-                    f"spills {report.spill_store_bytes}/{report.spill_load_bytes}"
-                    + (f", ERROR {report.error}" if report.error else "")
-                )
-    finally:
-        if previous is None:
-            os.environ.pop("TILELANG_CACHE_DIR", None)
-        else:
-            os.environ["TILELANG_CACHE_DIR"] = previous
+    reports, rows = compile_into_cache(
+        dest, shipped_variants(max_num_batched_tokens, model), ccs, log, "mHC"
+    )
     manifest = {
         "arches": [f"sm_{cc}" for cc in ccs],
         "max_num_batched_tokens": max_num_batched_tokens,

@@ -220,15 +220,9 @@ def shipped_variants() -> list[DecodeVariant]:
 def fit_reports(ccs=(80, 86)) -> list:
     """``ampere_fit.FitReport`` per shipped variant and architecture (nvcc + ptxas -v
     through the helpers the mHC kernels are measured with)."""
-    import dataclasses
-
     from deepinfer_sm80.ops.mhc.warmup import fit_report
 
-    return [
-        dataclasses.replace(fit_report(v, cc)[0], min_ctas_per_sm=MIN_CTAS_PER_SM)
-        for cc in ccs
-        for v in shipped_variants()
-    ]
+    return [fit_report(v, cc)[0] for cc in ccs for v in shipped_variants()]
 
 
 def warmup(log=print, aot_dir: Path | None = None) -> list[dict]:
@@ -252,39 +246,18 @@ def aot_build(dest: Path, ccs=(80, 86), log=print) -> dict:
     """Compile every shipped variant for each ``sm_{cc}`` into ``dest/tilelang`` (a
     TileLang cache folder) and write ``dest/manifest.json``; raise if one misfits Ampere.
     The image does this at build time, without a GPU, as for the mHC kernels."""
-    import dataclasses
     import json
-    import os
 
     from deepinfer_sm80.ops.mhc.compile import forget_compiled
-    from deepinfer_sm80.ops.mhc.warmup import MANIFEST, TILELANG_SUBDIR, fit_report
+    from deepinfer_sm80.ops.mhc.warmup import MANIFEST, compile_into_cache
     from deepinfer_sm80.testing.ampere_fit import fit_violations
 
-    cache = Path(dest) / TILELANG_SUBDIR
-    cache.mkdir(parents=True, exist_ok=True)
     # Kernels already compiled in this process would be served from memory and never
     # reach the new cache folder.
     forget_compiled()
-    previous = os.environ.get("TILELANG_CACHE_DIR")
-    os.environ["TILELANG_CACHE_DIR"] = str(cache)  # TileLang reads it on every lookup
-    reports, rows = [], []
-    try:
-        for cc in ccs:
-            for variant in shipped_variants():
-                report, seconds = fit_report(variant, cc)
-                report = dataclasses.replace(report, min_ctas_per_sm=variant.min_ctas_per_sm)
-                reports.append(report)
-                rows.append({**dataclasses.asdict(report), "compile_seconds": round(seconds, 2)})
-                log(
-                    f"sparse MLA decode AOT {variant.label} sm_{cc}: {seconds:.1f} s, "
-                    f"{report.registers} regs, {report.shared_bytes} B smem"
-                    + (f", ERROR {report.error}" if report.error else "")
-                )
-    finally:
-        if previous is None:
-            os.environ.pop("TILELANG_CACHE_DIR", None)
-        else:
-            os.environ["TILELANG_CACHE_DIR"] = previous
+    reports, rows = compile_into_cache(
+        Path(dest), shipped_variants(), ccs, log, "sparse MLA decode"
+    )
     manifest = {"arches": [f"sm_{cc}" for cc in ccs], "kernels": rows}
     (Path(dest) / MANIFEST).write_text(json.dumps(manifest, indent=1))
     problems = fit_violations(reports)

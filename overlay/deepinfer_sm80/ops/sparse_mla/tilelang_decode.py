@@ -188,16 +188,13 @@ class DecodeVariant:
 
 
 DECODE_ENGINE_HINT = "DEEPINFER_SPARSE_MLA_DECODE=triton"
-_noted: set[DecodeVariant] = set()
+_seen: set[DecodeVariant] = set()
 
 
-def _shipped_set() -> frozenset[DecodeVariant]:
-    return frozenset(shipped_variants())
-
-
-def _note_unshipped(variant: DecodeVariant) -> None:
-    if variant not in _noted:
-        _noted.add(variant)
+def _note_first_use(variant: DecodeVariant) -> None:
+    """Once per variant (not on every decode call): warn if warmup does not build it."""
+    _seen.add(variant)
+    if variant not in shipped_variants():
         logging.getLogger("deepinfer_sm80.sparse_mla").warning(
             "sparse MLA decode: %s is not among the variants warmup compiles; it compiles "
             "on first use",
@@ -333,10 +330,10 @@ def launch(
         rows_per_split=rows_per_split,
         prefetch=prefetch,
     )
-    if variant not in _shipped_set():
-        # Compiled on first use (about 2 s, with nvcc): outside warmup that can land in a
-        # CUDA-graph capture or a request. Say so once per variant.
-        _note_unshipped(variant)
+    if variant not in _seen:
+        # A variant warmup did not build compiles on first use (about 2 s, with nvcc):
+        # outside warmup that can land in a CUDA-graph capture or a request.
+        _note_first_use(variant)
     has_extra = extra is not None
     get_kernel(variant)(
         lse,

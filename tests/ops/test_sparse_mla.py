@@ -115,10 +115,14 @@ def make_decode_case(
     sink=True,
     device="cpu",
     holes=0.05,
+    cached_rows=None,
 ):
+    """``cached_rows(rows) -> rows`` changes what the caches hold (the queries are drawn
+    from the unchanged rows)."""
     g = torch.Generator().manual_seed(seed)
+    keep = cached_rows or (lambda rows: rows)
     main_rows = _realistic_k(3 * main_width, g)
-    cache, main_slots = _cache_with(main_rows, 64, g, device)
+    cache, main_slots = _cache_with(keep(main_rows), 64, g, device)
     pick = torch.randint(0, main_rows.shape[0], (T, main_width), generator=g)
     idx = main_slots[pick].int()
     idx[torch.rand(T, main_width, generator=g) < holes] = -1
@@ -127,7 +131,7 @@ def make_decode_case(
     all_rows = main_rows
     if extra_width:
         extra_rows = _realistic_k(extra_width * 2, g)
-        extra, extra_slots = _cache_with(extra_rows, 64 // ratio, g, device)
+        extra, extra_slots = _cache_with(keep(extra_rows), 64 // ratio, g, device)
         epick = torch.randint(0, extra_rows.shape[0], (T, extra_width), generator=g)
         eidx = extra_slots[epick].int()
         eidx[torch.rand(T, extra_width, generator=g) < holes] = -1
@@ -200,6 +204,66 @@ def test_decode_without_sink_and_without_lengths(device, engine):
     case.lens = None
     case.extra_lens = None
     _check_decode(case, 32, "no sink, no lengths")
+
+
+HUGE_GROUP, TINY_GROUP = 3, 5  # NoPE scale groups of 64 dims
+
+
+def _extreme_groups(rows: torch.Tensor) -> torch.Tensor:
+    """Every third row's group 3 times 2^80 (UE8M0 byte ~203: past the TileLang kernel's
+    folded-scale range, so its exact slow path runs, mixed with fast rows in one tile);
+    group 5 of every row made of e4m3 subnormal codes (values ~2^-9 under a scale set
+    by one 400)."""
+    rows = rows.float().clone()
+    huge = slice(64 * HUGE_GROUP, 64 * HUGE_GROUP + 64)
+    tiny = slice(64 * TINY_GROUP, 64 * TINY_GROUP + 64)
+    rows[::3, huge] *= 2.0**80
+    rows[:, tiny] = rows[:, tiny] * 2.0**-10
+    rows[:, 64 * TINY_GROUP] = 400.0
+    return rows.bfloat16()
+
+
+def test_decode_extreme_scales_and_subnormal_codes(device, engine):
+    """Scales outside the fast path's fold and subnormal e4m3 codes decode exactly."""
+    case = make_decode_case(
+        2,
+        64,
+        seed=41,
+        device=device,
+        lens=[128, 90],
+        extra_lens=[512, 233],
+        cached_rows=_extreme_groups,
+    )
+    # Keep the logits in range: the huge group's query dims scaled down by as much.
+    huge = slice(64 * HUGE_GROUP, 64 * HUGE_GROUP + 64)
+    case.q[:, :, huge] = (case.q[:, :, huge].float() * 2.0**-80).bfloat16()
+    got, _ = _check_decode(case, 16, "extreme scales")
+    assert got[:, :16, huge].float().abs().amax() > 2.0**70  # the huge rows did take part
+    tiny = got[:, :16, 64 * TINY_GROUP + 1 : 64 * TINY_GROUP + 64].float().abs()
+    assert 0 < tiny.amax() < 2.0**-5  # subnormal-code dims came through, and stayed small
+
+
+def test_fast_path_raw_decode_and_folded_factors():
+    """decode_sm80.cuh's fast path: sign | magnitude << 4 read as bf16 is the e4m3 value
+    times 2^-120 for every non-NaN code (subnormals included); exponent field s + 56 is
+    2^(s - 71) in fp32 and in bf16 for every scale byte s <= 198; 0x5F80 is 2^64."""
+    import re
+    from pathlib import Path
+
+    cuh = (Path(mla_kernels.__file__).with_name("decode_sm80.cuh")).read_text()
+    assert re.search(r"\(x & 0x80008000u\) \| \(\(x & 0x7F007F00u\) >> 4\)", cuh)
+    assert "kFieldOffset = 56" in cuh and "kFastMaxScale = 198" in cuh
+    codes = torch.arange(256, dtype=torch.int32)
+    raw = (((codes & 0x80) << 8) | ((codes & 0x7F) << 4)).to(torch.int16).view(torch.bfloat16)
+    value = codes.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    ok = (codes & 0x7F) != 0x7F
+    assert ok.sum() == 254
+    assert torch.equal(raw.float()[ok] * 2.0**120, value[ok])
+    s = torch.arange(199, dtype=torch.int32)
+    want = torch.exp2((s - 71).double())
+    assert torch.equal(((s + 56) << 23).view(torch.float32).double(), want)
+    assert torch.equal(((s + 56) << 7).to(torch.int16).view(torch.bfloat16).double(), want)
+    assert torch.tensor([0x5F80], dtype=torch.int16).view(torch.bfloat16).item() == 2.0**64
 
 
 class _LaunchCounter:

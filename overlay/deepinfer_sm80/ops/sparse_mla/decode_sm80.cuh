@@ -14,6 +14,25 @@
 // The query slice (16 heads x 64 dims) and the accumulator (16 x 64 fp32) of a warp stay
 // in registers for the whole split: 16 + 32 registers per thread.
 //
+// Scales folded out of the decode (NoPE warps). A group's 64 values share one UE8M0 scale
+// 2^(s - 127), so it factors out of the group's partial logit and, per row, into P:
+//   - the tile holds "raw" bf16: sign | e4m3 magnitude << 4, which is the e4m3 value times
+//     2^-120 exactly (e4m3 subnormals become bf16 subnormals): 7 integer ops per 4 bytes,
+//     against 22 for a full decode;
+//   - the query slice is held as q * 2^64 (exact), so raw products stay far from fp32's
+//     subnormal range;
+//   - a partial logit is multiplied by 2^(s - 71), and P by the same power per row
+//     (exact: powers of two), which leaves the accumulator at out * 2^-64; the epilogue
+//     multiplies the 2^64 back.
+// Both factors are exponent fields s + 56, valid for s <= 198 (|k| < 448 * 2^71). A tile
+// with a larger scale in a warp's group (or scale 255, infinity) takes the exact slow path
+// for that warp: the full decode, factors 2^-64. vLLM's quantizer never writes e4m3 NaN
+// codes (it stores NaN as 448); on the fast path such a byte would read as +-480, on the
+// slow path as NaN.
+// The raw decode yields dims (4i, 4i+2) and (4i+1, 4i+3) of every 4 as bf16 pairs; the
+// tile keeps that order, the query slice is loaded in it, and the epilogue swaps pairs
+// back between neighbour lanes.
+//
 // Maths and outputs are those of sparse_mla_fwd_kernel in triton_kernel.py (same split
 // policy, same partials layout, reduced by the same Triton reduction kernel):
 //   out = sum_j exp(s_j) k_j / (sum_j exp(s_j) + exp(sink)),  lse = log(sum_j exp(s_j)),
@@ -36,6 +55,12 @@ constexpr int kPsStride = 24;    // bf16 per P row: 16 + 8 pad, conflict-free ld
 constexpr int kRecordBytes = 576;
 constexpr float kNegBig = -1.0e30f;  // finite "minus infinity": exp2(m_old - m_new) stays finite
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kNopeWarps = 7;          // warps 0-6: e4m3 groups; warp 7: bf16 RoPE
+constexpr uint32_t kFieldOffset = 56;  // exponent field of the folded factor: s + 56
+constexpr uint32_t kFastMaxScale = 198;  // s + 56 <= 254
+constexpr uint32_t kSlowField = 63;      // 2^-64: slow-path factor (tile already scaled)
+constexpr uint32_t kQBiasBf16x2 = 0x5F805F80u;  // bf16x2 of 2^64
+constexpr float kAccUnbias = 18446744073709551616.0f;  // 2^64
 
 template <int kRowsPerSplit>
 struct Smem {
@@ -54,6 +79,14 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x by the SFU (ex2.approx: 2 ulp; results below 2^-126 flush to 0, which no softmax
+// weight next to the row maximum's 1 can notice).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
@@ -109,11 +142,28 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t data, uint32_t scale4,
       : "r"(data), "r"(scale4));
 }
 
+// Four e4m3 bytes b0..b3 -> raw bf16 pairs (b0, b2) and (b1, b3): sign | magnitude << 4,
+// each the e4m3 value times 2^-120 (see the header). No scale, no NaN handling.
+__device__ __forceinline__ void e4m3x4_to_raw_bf16(uint32_t x, uint32_t& even, uint32_t& odd) {
+  odd = (x & 0x80008000u) | ((x & 0x7F007F00u) >> 4);
+  const uint32_t y = x << 8;
+  even = (y & 0x80008000u) | ((y & 0x7F007F00u) >> 4);
+}
+
+// a * b per bf16 half (exact when b is a power of two and nothing over- or underflows).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
 // One lane's share of a tile's bytes: row (lane / 2), half (lane % 2) of the warp's 64
-// dims. NoPE warps use v[0..1] (32 e4m3 bytes) and scale4; the RoPE warp v[0..3] (32 bf16).
+// dims. NoPE warps use v[0..1] (32 e4m3 bytes) and the scale byte; the RoPE warp v[0..3]
+// (32 bf16). The scale byte stays as loaded until the decode: any arithmetic on it here
+// would wait for the load and stall the prefetch (measured: 8% of all stall samples).
 struct TileBytes {
   uint4 v[4];
-  uint32_t scale4;
+  uint32_t scale;
 };
 
 __device__ __forceinline__ TileBytes load_tile(const uint8_t* rec, const uint8_t* scale, int warp,
@@ -121,13 +171,13 @@ __device__ __forceinline__ TileBytes load_tile(const uint8_t* rec, const uint8_t
   TileBytes b;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   b.v[0] = b.v[1] = b.v[2] = b.v[3] = zero;
-  b.scale4 = 0u;
+  b.scale = 0u;
   if (rec != nullptr) {
     if (warp < 7) {
       const uint4* p = reinterpret_cast<const uint4*>(rec + 64 * warp + 32 * half);
       b.v[0] = __ldg(p);
       b.v[1] = __ldg(p + 1);
-      b.scale4 = static_cast<uint32_t>(__ldg(scale + warp)) * 0x01010101u;
+      b.scale = __ldg(scale + warp);
     } else {
       const uint4* p = reinterpret_cast<const uint4*>(rec + 448 + 64 * half);
       b.v[0] = __ldg(p);
@@ -139,15 +189,28 @@ __device__ __forceinline__ TileBytes load_tile(const uint8_t* rec, const uint8_t
   return b;
 }
 
-// Decoded bf16 of one lane's share, stored at ks row (lane / 2), columns 32 * half + 0..31.
-__device__ __forceinline__ void store_tile(uint16_t* ks_row, const TileBytes& b, int warp) {
+// One lane's share as bf16, stored at ks row (lane / 2), columns 32 * half + 0..31. NoPE
+// warps store raw values (fast) or fully decoded ones (slow), both in the (4i, 4i+2),
+// (4i+1, 4i+3) pair order.
+__device__ __forceinline__ void store_tile(uint16_t* ks_row, const TileBytes& b, int warp,
+                                           bool slow) {
   uint4* dst = reinterpret_cast<uint4*>(ks_row);
-  if (warp < 7) {
+  if (warp < kNopeWarps) {
     const uint32_t words[8] = {b.v[0].x, b.v[0].y, b.v[0].z, b.v[0].w,
                                b.v[1].x, b.v[1].y, b.v[1].z, b.v[1].w};
     uint32_t o[16];
+    if (!slow) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) e4m3x4_to_bf16x4(words[i], b.scale4, o[2 * i], o[2 * i + 1]);
+      for (int i = 0; i < 8; ++i) e4m3x4_to_raw_bf16(words[i], o[2 * i], o[2 * i + 1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        uint32_t lo, hi;
+        e4m3x4_to_bf16x4(words[i], b.scale * 0x01010101u, lo, hi);
+        o[2 * i] = __byte_perm(lo, hi, 0x5410);
+        o[2 * i + 1] = __byte_perm(lo, hi, 0x7632);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) dst[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
   } else {
@@ -194,6 +257,31 @@ __device__ __forceinline__ void decode_cta(
   const int r_begin = split * kRowsPerSplit;
   const int r_end = min(r_begin + kRowsPerSplit, total);
 
+  // This warp's query slice as MMA A fragments: 4 k-steps of 16 dims, heads g and g + 8.
+  // NoPE warps: in the tile's pair order (lane c holds dims b + (c & 1) and b + 2 + (c & 1)
+  // of the 4-dim block b = 16 kk + 4 (c >> 1)) and times 2^64. The raw words are loaded
+  // here and rearranged after the index loads below, so both loads are in flight at once.
+  const bool nope = warp < kNopeWarps;
+  uint32_t qw[4][4][2];
+  {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(q_addr) + t * q_stride_t + 64 * warp;
+    const bool lo_ok = head0 + g < num_heads;
+    const bool hi_ok = head0 + g + 8 < num_heads;
+    const uint16_t* q_lo = q + static_cast<int64_t>(head0 + g) * q_stride_h;
+    const uint16_t* q_hi = q + static_cast<int64_t>(head0 + g + 8) * q_stride_h;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {  // A fragment f: head g (f even) or g + 8, dims + 8 (f >= 2)
+        const bool ok = (f & 1) ? hi_ok : lo_ok;
+        const uint16_t* p = ((f & 1) ? q_hi : q_lo) + 16 * kk + (f >= 2 ? 8 : 0) +
+                            (nope ? 4 * (c >> 1) : 2 * c);
+        qw[kk][f][0] = ok ? *reinterpret_cast<const uint32_t*>(p) : 0u;
+        qw[kk][f][1] = (ok && nope) ? *reinterpret_cast<const uint32_t*>(p + 2) : 0u;
+      }
+    }
+  }
+
   // Resolve the split's rows once: record and scale addresses, nullptr for a skipped row.
   for (int i = threadIdx.x; i < kRowsPerSplit; i += kWarps * 32) {
     const int r = r_begin + i;
@@ -229,28 +317,11 @@ __device__ __forceinline__ void decode_cta(
     sm.scale[i] = scl;
   }
 
-  // This warp's query slice as MMA A fragments: 4 k-steps of 16 dims, heads g and g + 8.
-  uint32_t qa[4][4];
-  {
-    const uint16_t* q = reinterpret_cast<const uint16_t*>(q_addr) + t * q_stride_t + 64 * warp;
-    const bool lo_ok = head0 + g < num_heads;
-    const bool hi_ok = head0 + g + 8 < num_heads;
-    const uint16_t* q_lo = q + static_cast<int64_t>(head0 + g) * q_stride_h;
-    const uint16_t* q_hi = q + static_cast<int64_t>(head0 + g + 8) * q_stride_h;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int d = 16 * kk + 2 * c;
-      qa[kk][0] = lo_ok ? *reinterpret_cast<const uint32_t*>(q_lo + d) : 0u;
-      qa[kk][1] = hi_ok ? *reinterpret_cast<const uint32_t*>(q_hi + d) : 0u;
-      qa[kk][2] = lo_ok ? *reinterpret_cast<const uint32_t*>(q_lo + d + 8) : 0u;
-      qa[kk][3] = hi_ok ? *reinterpret_cast<const uint32_t*>(q_hi + d + 8) : 0u;
-    }
-  }
-
   float acc[8][4];
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // Softmax state of the head row this lane owns (warp w owns rows 2w and 2w + 1).
+  // Softmax state of the head row this lane owns (warp w owns rows 2w and 2w + 1); l_run
+  // is this lane's share of the row's denominator until the tile loop ends.
   const int own_row = 2 * warp + (lane >> 4);
   const int own_col = lane & 15;
   float m_run = kNegBig;
@@ -258,49 +329,88 @@ __device__ __forceinline__ void decode_cta(
 
   __syncthreads();  // sm.rec / sm.scale are complete
 
+  uint32_t qa[4][4];
+  {
+    const uint32_t pick = (c & 1) ? 0x7632u : 0x5410u;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        qa[kk][f] = nope ? mul_bf16x2(__byte_perm(qw[kk][f][0], qw[kk][f][1], pick), kQBiasBf16x2)
+                         : qw[kk][f][0];
+      }
+    }
+  }
+
   const int my_row = lane >> 1;
   const int half = lane & 1;
   uint16_t* ks = &sm.ks[warp][0][0];
-  // Software pipeline in registers: the loads of the next kPrefetch tiles are in flight
-  // while a tile is decoded and multiplied (kPrefetch 2 keeps two tiles' bytes in flight).
+  // Software pipeline in registers: kPrefetch buffers, each refilled with the tile
+  // kPrefetch ahead as soon as its own tile is decoded, so kPrefetch tiles' loads are in
+  // flight during a tile's math. The tile loop is unrolled by kPrefetch so every buffer has
+  // a fixed register home: a register copy of a buffer whose load is still in flight would
+  // wait for that load.
   static_assert(kPrefetch == 1 || kPrefetch == 2, "kPrefetch is 1 or 2");
-  TileBytes ahead[kPrefetch];
+  TileBytes buf[kPrefetch];
 #pragma unroll
   for (int k = 0; k < kPrefetch; ++k) {
     if (r_begin + k * kRows < r_end) {
       const int ni = k * kRows + my_row;
-      ahead[k] = load_tile(sm.rec[ni], sm.scale[ni], warp, half);
+      buf[k] = load_tile(sm.rec[ni], sm.scale[ni], warp, half);
     }
   }
 
-  for (int r0 = r_begin; r0 < r_end; r0 += kRows) {
+  auto tile_step = [&](const int r0, TileBytes& cur) {
     const int i0 = r0 - r_begin;
-    const TileBytes cur = ahead[0];
-#pragma unroll
-    for (int k = 0; k + 1 < kPrefetch; ++k) ahead[k] = ahead[k + 1];
     // Which of the tile's 16 rows are real (bit j = row r0 + j).
     const bool row_ok = (r0 + own_col < r_end) && sm.rec[i0 + own_col] != nullptr;
     const uint32_t valid = __ballot_sync(0xffffffffu, row_ok) & 0xffffu;
-    // Issue the loads kPrefetch tiles ahead before this tile's math.
-    if (r0 + kPrefetch * kRows < r_end) {
-      const int ni = i0 + kPrefetch * kRows + my_row;
-      ahead[kPrefetch - 1] = load_tile(sm.rec[ni], sm.scale[ni], warp, half);
+
+    // NoPE warps: the tile's folded factors, exponent fields e for the rows 2c, 2c+1,
+    // 8+2c, 9+2c of this lane's fragments (lane 2r loaded row r, and its scale byte).
+    uint32_t e0 = 0, e1 = 0, e8 = 0, e9 = 0;
+    bool slow = false;
+    if (nope) {
+      const uint32_t s_byte = cur.scale;
+      slow = __any_sync(0xffffffffu, s_byte > kFastMaxScale);
+      e0 = __shfl_sync(0xffffffffu, s_byte, 4 * c) + kFieldOffset;
+      e1 = __shfl_sync(0xffffffffu, s_byte, 4 * c + 2) + kFieldOffset;
+      e8 = __shfl_sync(0xffffffffu, s_byte, 4 * c + 16) + kFieldOffset;
+      e9 = __shfl_sync(0xffffffffu, s_byte, 4 * c + 18) + kFieldOffset;
+      if (slow) e0 = e1 = e8 = e9 = kSlowField;
     }
 
-    store_tile(ks + my_row * kKsStride + 32 * half, cur, warp);
+    store_tile(ks + my_row * kKsStride + 32 * half, cur, warp, slow);
+    // The bytes are decoded: refill the buffer with the tile kPrefetch ahead.
+    if (r0 + kPrefetch * kRows < r_end) {
+      const int ni = i0 + kPrefetch * kRows + my_row;
+      cur = load_tile(sm.rec[ni], sm.scale[ni], warp, half);
+    }
     __syncwarp();
 
     // Partial logits of this warp's 64 dims: 16 heads x 16 rows, two n-tiles of 8 rows.
+    // Two accumulators per n-tile (even and odd k-steps) halve the dependent MMA chain.
     float s[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
+      float s_odd[4] = {0.f, 0.f, 0.f, 0.f};
       s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < 4; kk += 2) {
         uint32_t kb[4];
         ldsm_x4(kb, ks + (8 * j + (lane & 7)) * kKsStride + 16 * kk + 8 * (lane >> 3));
         mma_bf16(s[j], qa[kk], kb[0], kb[1]);
-        mma_bf16(s[j], qa[kk + 1], kb[2], kb[3]);
+        mma_bf16(s_odd, qa[kk + 1], kb[2], kb[3]);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[j][i] += s_odd[i];
+      if (nope) {
+        const float f_a = __uint_as_float((j == 0 ? e0 : e8) << 23);
+        const float f_b = __uint_as_float((j == 0 ? e1 : e9) << 23);
+        s[j][0] *= f_a;
+        s[j][1] *= f_b;
+        s[j][2] *= f_a;
+        s[j][3] *= f_b;
       }
       *reinterpret_cast<float2*>(&sm.sp[warp][g][8 * j + 2 * c]) = make_float2(s[j][0], s[j][1]);
       *reinterpret_cast<float2*>(&sm.sp[warp][g + 8][8 * j + 2 * c]) =
@@ -308,22 +418,23 @@ __device__ __forceinline__ void decode_cta(
     }
     __syncthreads();
 
-    // Owner: full logits of (own_row, own_col), summed over the 8 groups in a fixed order.
+    // Owner: full logits of (own_row, own_col), summed over the 8 groups as a fixed tree
+    // (deterministic, and 3 dependent adds instead of 8). Each lane keeps its own share of
+    // the row's denominator; the 16 shares are summed once, after the last tile.
     {
-      float x = 0.f;
+      float part[kWarps];
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) x += sm.sp[w][own_row][own_col];
+      for (int w = 0; w < kWarps; ++w) part[w] = sm.sp[w][own_row][own_col];
+      float x = ((part[0] + part[1]) + (part[2] + part[3])) +
+                ((part[4] + part[5]) + (part[6] + part[7]));
       x = ((valid >> own_col) & 1u) ? x * scale_log2 : -INFINITY;
       float mx = x;
 #pragma unroll
       for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       const float m_new = fmaxf(m_run, mx);
-      const float alpha = exp2f(m_run - m_new);
-      const float p = exp2f(x - m_new);
-      float ps = p;
-#pragma unroll
-      for (int off = 8; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
-      l_run = l_run * alpha + ps;
+      const float alpha = fast_exp2(m_run - m_new);
+      const float p = fast_exp2(x - m_new);
+      l_run = l_run * alpha + p;
       m_run = m_new;
       const __nv_bfloat16 pb = __float2bfloat16_rn(p);
       sm.ps[own_row][own_col] = *reinterpret_cast<const uint16_t*>(&pb);
@@ -344,6 +455,14 @@ __device__ __forceinline__ void decode_cta(
       }
       uint32_t pa[4];
       ldsm_x4(pa, &sm.ps[(lane & 7) + 8 * ((lane >> 3) & 1)][8 * (lane >> 4)]);
+      if (nope) {  // P's columns 2c, 2c+1 (pa[0..1]) and 2c+8, 2c+9 (pa[2..3]) are rows
+        const uint32_t f01 = (e1 << 23) | (e0 << 7);
+        const uint32_t f89 = (e9 << 23) | (e8 << 7);
+        pa[0] = mul_bf16x2(pa[0], f01);
+        pa[1] = mul_bf16x2(pa[1], f01);
+        pa[2] = mul_bf16x2(pa[2], f89);
+        pa[3] = mul_bf16x2(pa[3], f89);
+      }
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {
         uint32_t kb[4];
@@ -354,6 +473,32 @@ __device__ __forceinline__ void decode_cta(
       }
     }
     __syncwarp();  // this warp's ldmatrix reads of ks are done before the next tile's stores
+  };
+
+  for (int r0 = r_begin; r0 < r_end; r0 += kPrefetch * kRows) {
+#pragma unroll
+    for (int k = 0; k < kPrefetch; ++k) {
+      if (r0 + k * kRows < r_end) tile_step(r0 + k * kRows, buf[k]);
+    }
+  }
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, off);
+
+  // NoPE warps: back to natural dim order (pairs (d, d+1) at d = 8j + 2c, as for RoPE) and
+  // out of the 2^-64 accumulator bias.
+  if (nope) {
+    const bool odd = c & 1;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 4; h += 2) {
+        const float recv = __shfl_xor_sync(0xffffffffu, odd ? acc[j][h] : acc[j][h + 1], 1);
+        if (odd) acc[j][h] = recv;
+        else acc[j][h + 1] = recv;
+        acc[j][h] *= kAccUnbias;
+        acc[j][h + 1] *= kAccUnbias;
+      }
+    }
   }
 
   const int64_t h_lo = head0 + g;

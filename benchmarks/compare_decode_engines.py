@@ -6,9 +6,12 @@ which is how vLLM runs decode: host overhead is left out, the GPU time stays. Bo
 kernels run in this one process on this one GPU; correctness is the kernels suite's and
 the GPU tests' job (``microbench_sm80_kernels``, ``tests/ops/test_sparse_mla.py``).
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.compare_decode_engines``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.compare_decode_engines``; ``--variants``
+takes other TileLang settings (``tilelang:ROWS_PER_SPLIT=128,PREFETCH=2``), ``--only`` a
+substring of the case names.
 """
 
+import argparse
 import dataclasses
 import os
 
@@ -20,8 +23,31 @@ from deepinfer_sm80 import arch
 from deepinfer_sm80.ops.sparse_mla.triton_kernel import DECODE_ENGINE_ENV
 
 CONFIG = "sparse_mla.decode_tilelang"
-# (engine, TileLang rows per split); None = the Triton kernel's own config.
-VARIANTS = [("triton", None), ("tilelang", 64), ("tilelang", 128), ("tilelang", 256)]
+DEFAULT_VARIANTS = (
+    "triton",
+    "tilelang:ROWS_PER_SPLIT=64",
+    "tilelang:ROWS_PER_SPLIT=128",
+    "tilelang:ROWS_PER_SPLIT=256",
+)
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, int]]:
+    """``engine[:NAME=int,...]`` -> (engine, overrides of the TileLang config's constexprs)."""
+    engine, _, rest = text.partition(":")
+    if engine not in ("triton", "tilelang"):
+        raise ValueError(f"--variants: engine must be triton or tilelang, got {engine!r}")
+    if engine == "triton" and rest:
+        raise ValueError(f"--variants: {text!r}: settings apply to the TileLang kernel only")
+    known = dict(arch.KERNEL_CONFIGS[CONFIG].constexpr_dict())
+    overrides = {}
+    for item in filter(None, rest.split(",")):
+        name, eq, value = item.partition("=")
+        if not eq or name not in known or not value.isdigit():
+            raise ValueError(
+                f"--variants: {item!r}: expected NAME=integer with NAME one of {sorted(known)}"
+            )
+        overrides[name] = int(value)
+    return engine, overrides
 
 
 def _graph_us(fn, timer: CudaTimer) -> float:
@@ -38,13 +64,22 @@ def _graph_us(fn, timer: CudaTimer) -> float:
     return timer(graph.replay).median_us
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
+    parser.add_argument("--only", default="", help="substring of the case names to run")
+    args = parser.parse_args(argv)
+    variants = [(text, *parse_variant(text)) for text in args.variants]
     info = device_info()
     print(
         f"{info['gpu']} | torch {info['torch']} | triton {info['triton']} | "
         f"tilelang {info['tilelang']} | CUDA-graph replay, median us"
     )
-    cases = [c for c in build_registry().cases() if c.name.startswith("mla_decode")]
+    cases = [
+        c
+        for c in build_registry().cases()
+        if c.name.startswith("mla_decode") and args.only in c.name
+    ]
     timer = CudaTimer(reps=30)
     base = arch.KERNEL_CONFIGS[CONFIG]
     previous = os.environ.get(DECODE_ENGINE_ENV)
@@ -52,15 +87,14 @@ def main() -> None:
         for case in cases:
             state = case.setup()
             parts = []
-            for engine, rows in VARIANTS:
+            for text, engine, overrides in variants:
                 os.environ[DECODE_ENGINE_ENV] = engine
-                if rows is not None:
-                    consts = {**base.constexpr_dict(), "ROWS_PER_SPLIT": rows}
-                    arch.KERNEL_CONFIGS[CONFIG] = dataclasses.replace(
-                        base, constexprs=tuple(consts.items())
-                    )
+                consts = {**base.constexpr_dict(), **overrides}
+                arch.KERNEL_CONFIGS[CONFIG] = dataclasses.replace(
+                    base, constexprs=tuple(consts.items())
+                )
                 us = _graph_us(lambda case=case, state=state: case.candidate(state), timer)
-                parts.append(f"{engine}{'' if rows is None else f' r{rows}'} {us:7.1f}")
+                parts.append(f"{text} {us:7.1f}")
             print(f"{case.name}: " + "  ".join(parts), flush=True)
             del state
     finally:

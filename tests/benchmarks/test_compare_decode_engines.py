@@ -1,14 +1,35 @@
-"""The decode-engine comparison covers every decode case with valid TileLang splits."""
+"""The decode-engine comparison covers every decode case with valid TileLang splits, and
+its --variants parser refuses what it cannot run."""
+
+import pytest
 
 from benchmarks import compare_decode_engines as cmp
 from benchmarks.microbench_sm80_kernels import build_registry
 from deepinfer_sm80.ops.sparse_mla.tilelang_decode import DecodeVariant
 
 
-def test_variants_are_buildable_and_cover_both_engines():
-    assert {engine for engine, _ in cmp.VARIANTS} == {"triton", "tilelang"}
-    for engine, rows in cmp.VARIANTS:
+def test_default_variants_are_buildable_and_cover_both_engines():
+    parsed = [cmp.parse_variant(text) for text in cmp.DEFAULT_VARIANTS]
+    assert {engine for engine, _ in parsed} == {"triton", "tilelang"}
+    for engine, overrides in parsed:
         if engine == "tilelang":
-            DecodeVariant(128, 512, True, True, rows)  # raises on a split size it cannot run
+            # raises on a split size it cannot run
+            DecodeVariant(128, 512, True, True, overrides["ROWS_PER_SPLIT"])
     names = [c.name for c in build_registry().cases() if c.name.startswith("mla_decode")]
     assert len(names) == 17 and "mla_decode_T256_H8_w128+512" in names
+
+
+def test_variant_parser():
+    assert cmp.parse_variant("tilelang:ROWS_PER_SPLIT=256,PREFETCH=2") == (
+        "tilelang",
+        {"ROWS_PER_SPLIT": 256, "PREFETCH": 2},
+    )
+    assert cmp.parse_variant("triton") == ("triton", {})
+    with pytest.raises(ValueError, match="engine must be triton or tilelang"):
+        cmp.parse_variant("cuda")
+    with pytest.raises(ValueError, match="TileLang kernel only"):
+        cmp.parse_variant("triton:PREFETCH=2")
+    with pytest.raises(ValueError, match="NAME=integer with NAME one of"):
+        cmp.parse_variant("tilelang:STAGES=3")
+    with pytest.raises(ValueError, match="NAME=integer"):
+        cmp.parse_variant("tilelang:PREFETCH=two")

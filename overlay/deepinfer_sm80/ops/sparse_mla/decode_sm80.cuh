@@ -24,11 +24,12 @@
 //   - a partial logit is multiplied by 2^(s - 71), and P by the same power per row
 //     (exact: powers of two), which leaves the accumulator at out * 2^-64; the epilogue
 //     multiplies the 2^64 back.
-// Both factors are exponent fields s + 56, valid for s <= 198 (|k| < 448 * 2^71). A tile
-// with a larger scale in a warp's group (or scale 255, infinity) takes the exact slow path
-// for that warp: the full decode, factors 2^-64. vLLM's quantizer never writes e4m3 NaN
-// codes (it stores NaN as 448); on the fast path such a byte would read as +-480, on the
-// slow path as NaN.
+// Both factors are exponent fields s + 56, valid for s <= 198 (|k| < 448 * 2^71). A row
+// with a larger scale byte is decoded in full instead, at scale byte s - 64, so it holds
+// k * 2^-64 and both its factors are 1: the logit is q * k exactly and the accumulator
+// stays at out * 2^-64 (scale byte 255, infinity, is kept as is and stays loud). vLLM's
+// quantizer never writes e4m3 NaN codes (it stores NaN as 448) nor scale bytes in
+// 248..254 (its input is bf16); a raw NaN code would read as +-480.
 // The raw decode yields dims (4i, 4i+2) and (4i+1, 4i+3) of every 4 as bf16 pairs; the
 // tile keeps that order, the query slice is loaded in it, and the epilogue swaps pairs
 // back between neighbour lanes.
@@ -58,7 +59,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kNopeWarps = 7;          // warps 0-6: e4m3 groups; warp 7: bf16 RoPE
 constexpr uint32_t kFieldOffset = 56;  // exponent field of the folded factor: s + 56
 constexpr uint32_t kFastMaxScale = 198;  // s + 56 <= 254
-constexpr uint32_t kSlowField = 63;      // 2^-64: slow-path factor (tile already scaled)
+constexpr uint32_t kUnitField = 127;     // 1.0: the factor of a row decoded in full
+constexpr uint32_t kFullDecodeShift = 64;  // a row decoded in full holds k * 2^-64
 constexpr uint32_t kQBiasBf16x2 = 0x5F805F80u;  // bf16x2 of 2^64
 constexpr float kAccUnbias = 18446744073709551616.0f;  // 2^64
 
@@ -190,23 +192,23 @@ __device__ __forceinline__ TileBytes load_tile(const uint8_t* rec, const uint8_t
 }
 
 // One lane's share as bf16, stored at ks row (lane / 2), columns 32 * half + 0..31. NoPE
-// warps store raw values (fast) or fully decoded ones (slow), both in the (4i, 4i+2),
-// (4i+1, 4i+3) pair order.
-__device__ __forceinline__ void store_tile(uint16_t* ks_row, const TileBytes& b, int warp,
-                                           bool slow) {
+// warps store raw values, or for a scale byte past the fold's range the values decoded in
+// full at scale byte s - 64, both in the (4i, 4i+2), (4i+1, 4i+3) pair order.
+__device__ __forceinline__ void store_tile(uint16_t* ks_row, const TileBytes& b, int warp) {
   uint4* dst = reinterpret_cast<uint4*>(ks_row);
   if (warp < kNopeWarps) {
     const uint32_t words[8] = {b.v[0].x, b.v[0].y, b.v[0].z, b.v[0].w,
                                b.v[1].x, b.v[1].y, b.v[1].z, b.v[1].w};
     uint32_t o[16];
-    if (!slow) {
+    if (b.scale <= kFastMaxScale) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) e4m3x4_to_raw_bf16(words[i], o[2 * i], o[2 * i + 1]);
     } else {
+      const uint32_t s = b.scale == 255u ? 255u : b.scale - kFullDecodeShift;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         uint32_t lo, hi;
-        e4m3x4_to_bf16x4(words[i], b.scale * 0x01010101u, lo, hi);
+        e4m3x4_to_bf16x4(words[i], s * 0x01010101u, lo, hi);
         o[2 * i] = __byte_perm(lo, hi, 0x5410);
         o[2 * i + 1] = __byte_perm(lo, hi, 0x7632);
       }
@@ -369,18 +371,15 @@ __device__ __forceinline__ void decode_cta(
     // NoPE warps: the tile's folded factors, exponent fields e for the rows 2c, 2c+1,
     // 8+2c, 9+2c of this lane's fragments (lane 2r loaded row r, and its scale byte).
     uint32_t e0 = 0, e1 = 0, e8 = 0, e9 = 0;
-    bool slow = false;
     if (nope) {
-      const uint32_t s_byte = cur.scale;
-      slow = __any_sync(0xffffffffu, s_byte > kFastMaxScale);
-      e0 = __shfl_sync(0xffffffffu, s_byte, 4 * c) + kFieldOffset;
-      e1 = __shfl_sync(0xffffffffu, s_byte, 4 * c + 2) + kFieldOffset;
-      e8 = __shfl_sync(0xffffffffu, s_byte, 4 * c + 16) + kFieldOffset;
-      e9 = __shfl_sync(0xffffffffu, s_byte, 4 * c + 18) + kFieldOffset;
-      if (slow) e0 = e1 = e8 = e9 = kSlowField;
+      const uint32_t e_own = cur.scale <= kFastMaxScale ? cur.scale + kFieldOffset : kUnitField;
+      e0 = __shfl_sync(0xffffffffu, e_own, 4 * c);
+      e1 = __shfl_sync(0xffffffffu, e_own, 4 * c + 2);
+      e8 = __shfl_sync(0xffffffffu, e_own, 4 * c + 16);
+      e9 = __shfl_sync(0xffffffffu, e_own, 4 * c + 18);
     }
 
-    store_tile(ks + my_row * kKsStride + 32 * half, cur, warp, slow);
+    store_tile(ks + my_row * kKsStride + 32 * half, cur, warp);
     // The bytes are decoded: refill the buffer with the tile kPrefetch ahead.
     if (r0 + kPrefetch * kRows < r_end) {
       const int ni = i0 + kPrefetch * kRows + my_row;

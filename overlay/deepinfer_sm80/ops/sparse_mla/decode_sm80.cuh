@@ -34,8 +34,9 @@
 // tile keeps that order, the query slice is loaded in it, and the epilogue swaps pairs
 // back between neighbour lanes.
 //
-// Maths and outputs are those of sparse_mla_fwd_kernel in triton_kernel.py (same split
-// policy, same partials layout, reduced by the same Triton reduction kernel):
+// Maths and outputs are those of sparse_mla_fwd_kernel in triton_kernel.py (the same kind
+// of split policy, with its own rows per split from arch.py; the same partials layout,
+// reduced by the same Triton reduction kernel):
 //   out = sum_j exp(s_j) k_j / (sum_j exp(s_j) + exp(sink)),  lse = log(sum_j exp(s_j)),
 // in base 2 internally. Rows that are -1, outside their cache or past the token's
 // length are skipped and never read; a token without rows gets 0 (lse -inf).
@@ -175,7 +176,7 @@ __device__ __forceinline__ TileBytes load_tile(const uint8_t* rec, const uint8_t
   b.v[0] = b.v[1] = b.v[2] = b.v[3] = zero;
   b.scale = 0u;
   if (rec != nullptr) {
-    if (warp < 7) {
+    if (warp < kNopeWarps) {
       const uint4* p = reinterpret_cast<const uint4*>(rec + 64 * warp + 32 * half);
       b.v[0] = __ldg(p);
       b.v[1] = __ldg(p + 1);

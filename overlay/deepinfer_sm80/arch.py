@@ -100,7 +100,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # The TileLang decode (ops/sparse_mla/decode_sm80.cuh): 8 warps, a fixed tile of 16
     # heads x 16 rows (BLOCK_H/BLOCK_N state it; launch() refuses other values). Knobs:
     # rows per split, and PREFETCH (tiles of loads in flight: 1 or 2; 2 measured no
-    # faster on the H200). 113 registers, 30.5 KB shared memory on sm_80/sm_86.
+    # faster on the H200). 116-120 registers, 30.4 KB shared memory on sm_80/sm_86.
     # 192 rows per split (H200, NVIDIA_H200.decode_rows_per_split.log), against 128: 32
     # and 64 heads 11-16% faster from T=16 up, 7-10% slower at T<=4, 8 heads 15% slower
     # at T<=16. DSpark (K=5) decodes 6 tokens per request, so T>=16 from 3 requests on;

@@ -318,6 +318,19 @@ def test_split_and_unsplit_agree(device, engine, monkeypatch):
     )
 
 
+@pytest.mark.parametrize("rows", [16, 48, 208, 320])
+def test_decode_split_sizes(device, engine, monkeypatch, rows):
+    """Split sizes off the shipped one: 16 rows (40 splits), 48 and 208 (a split's row mask
+    ends inside a 32-bit word), 320 (the TileLang prologue resolves rows in two rounds of
+    256 threads). 8 heads: the TileLang warps that own only padded head rows skip their
+    softmax work, and the output must not notice."""
+    _with_rows_per_split(monkeypatch, rows)
+    case = make_decode_case(
+        3, 64, seed=rows, device=device, lens=[128, 93, 0], extra_lens=[512, 389, 171]
+    )
+    _check_decode(case, 8, f"{rows} rows per split")
+
+
 def test_decode_deterministic_and_batch_invariant(device, engine):
     """A token's output is bit-identical alone, in a batch, and run to run."""
     n_batch = 64 if device.type == "cuda" else 6
@@ -566,11 +579,28 @@ def test_tilelang_decode_aot_build_and_refusal(tmp_path, monkeypatch):
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
     assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 6
     assert any((tmp_path / "ok" / "tilelang").rglob("*")), "no TileLang cache entries written"
-    # Three CTAs per SM caps registers at 80: the kernel spills (measured: 108 B on sm_80).
+    # Three CTAs per SM caps registers at 80: the kernel spills (measured: 220 B on sm_80).
     monkeypatch.setattr(tilelang_decode, "MIN_CTAS_PER_SM", 3)
     with pytest.raises(RuntimeError, match=r"decode_tl\[128\+512[^\n]* on sm_80: spills"):
         tilelang_decode.aot_build(tmp_path / "bad", [80])
     assert tilelang_decode.main(["aot", str(tmp_path / "x"), "--arches", "9.0"]) == 2
+
+
+@pytest.mark.aot
+def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch):
+    """decode_sm80.cuh's static_assert ties its Smem struct to smem_bytes(), the size
+    TileLang allocates: a formula that undercounts fails the build instead of overrunning
+    shared memory. The shipped size compiles (test_tilelang_decode_fits_ampere)."""
+    from deepinfer_sm80.ops.mhc.compile import get_kernel
+    from deepinfer_sm80.ops.mhc.warmup import cuda_target
+    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+
+    # A split size nothing else compiles: this process's kernel cache cannot answer.
+    variant = tilelang_decode.DecodeVariant(128, 512, True, True, 176)
+    real = tilelang_decode.DecodeVariant.smem_bytes
+    monkeypatch.setattr(tilelang_decode.DecodeVariant, "smem_bytes", lambda v: real(v) - 8)
+    with pytest.raises(Exception, match=r"smem_bytes\(\) is smaller than Smem"):
+        get_kernel(variant, cuda_target(80))
 
 
 def test_tilelang_launch_refuses_what_its_kernel_cannot_take(monkeypatch):

@@ -4,13 +4,17 @@
 // group 7: the 64 bf16 RoPE values).
 //
 // Why this shape: a record is decoded once per CTA, and every warp touches only its own
-// 64 dims. Per 16-row tile, warp w
+// 64 dims. The prologue resolves the split's rows once (record addresses, a bit mask of
+// the real rows, every row's scale bytes into shared memory). Per 16-row tile, warp w
 //   1. loads and decodes its 64 bytes of each row into a warp-private bf16 slice in
-//      shared memory (no CTA barrier: only this warp reads it),
+//      shared memory (no CTA barrier: only this warp reads it), with loads laid out for
+//      the L1 pipe, the kernel's busiest unit (see TileBytes),
 //   2. computes the partial logits  S_w = Q[:, group w] . K[:, group w]^T  (8 MMAs),
 //   3. after one barrier, sums the 8 partials of 2 head rows in a fixed order (so every
-//      run gives the same bits), runs the online softmax of those rows and publishes P,
-//   4. after a second barrier, accumulates O[:, group w] += P . K[:, group w]  (8 MMAs).
+//      run gives the same bits), runs the online softmax of those rows and publishes P
+//      (a warp whose rows are both padded heads skips this),
+//   4. after a second barrier, accumulates O[:, group w] += P . K[:, group w]  (8 MMAs),
+//      rescaling O first unless every alpha of the tile is exactly 1.
 // The query slice (16 heads x 64 dims) and the accumulator (16 x 64 fp32) of a warp stay
 // in registers for the whole split: 16 + 32 registers per thread.
 //
@@ -68,11 +72,12 @@ constexpr float kAccUnbias = 18446744073709551616.0f;  // 2^64
 template <int kRowsPerSplit>
 struct Smem {
   uint16_t ks[kWarps][kRows][kKsStride];  // each warp's decoded 16 x 64 bf16 slice
-  float sp[kWarps][kHeads][kRows];        // each warp's partial logits
+  float sp[kWarps][kHeads][kRows];        // each warp's partial logits, see sp_col
   uint16_t ps[kHeads][kPsStride];         // P (bf16) of the tile
   float alpha[kHeads];                    // rescale of the tile; the final factor at the end
   const uint8_t* rec[kRowsPerSplit];      // the split's record addresses (nullptr = skip)
-  const uint8_t* scale[kRowsPerSplit];    // and their scale bytes
+  uint8_t scale[kNopeWarps][kRowsPerSplit];  // their scale bytes, by group (0 for a skipped row)
+  uint32_t valid[(kRowsPerSplit + 31) / 32];  // bit i: row i of the split is real
 };
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -160,70 +165,95 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// One lane's share of a tile's bytes: row (lane / 2), half (lane % 2) of the warp's 64
-// dims. NoPE warps use v[0..1] (32 e4m3 bytes) and the scale byte; the RoPE warp v[0..3]
-// (32 bf16). The scale byte stays as loaded until the decode: any arithmetic on it here
-// would wait for the load and stall the prefetch (measured: 8% of all stall samples).
+// One lane's share of a tile's bytes, laid out so that each load instruction of a warp
+// touches as few 128-byte lines as possible (the L1 pipe, not DRAM, was the busiest unit):
+//   NoPE warp w: v[i] = 16-byte chunk (lane % 4) of the warp's 64 bytes of tile row
+//     (lane / 4 + 8 i), i = 0, 1 -- 8 rows, so 8 lines, per instruction;
+//   RoPE warp: v[i] = 16-byte chunk (lane % 8) of the 128 RoPE bytes of tile row
+//     (lane / 8 + 4 i), i = 0..3.
+// Scale bytes are not loaded here: the prologue put every row's scale bytes in shared
+// memory (one 8-byte load per row, instead of one 1-byte load per row per warp).
 struct TileBytes {
   uint4 v[4];
-  uint32_t scale;
 };
 
-__device__ __forceinline__ TileBytes load_tile(const uint8_t* rec, const uint8_t* scale, int warp,
-                                               int half) {
-  TileBytes b;
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  b.v[0] = b.v[1] = b.v[2] = b.v[3] = zero;
-  b.scale = 0u;
-  if (rec != nullptr) {
-    if (warp < kNopeWarps) {
-      const uint4* p = reinterpret_cast<const uint4*>(rec + 64 * warp + 32 * half);
-      b.v[0] = __ldg(p);
-      b.v[1] = __ldg(p + 1);
-      b.scale = __ldg(scale + warp);
-    } else {
-      const uint4* p = reinterpret_cast<const uint4*>(rec + 448 + 64 * half);
-      b.v[0] = __ldg(p);
-      b.v[1] = __ldg(p + 1);
-      b.v[2] = __ldg(p + 2);
-      b.v[3] = __ldg(p + 3);
-    }
-  }
-  return b;
-}
-
-// One lane's share as bf16, stored at ks row (lane / 2), columns 32 * half + 0..31. NoPE
-// warps store raw values, or for a scale byte past the fold's range the values decoded in
-// full at scale byte s - 64, both in the (4i, 4i+2), (4i+1, 4i+3) pair order.
-__device__ __forceinline__ void store_tile(uint16_t* ks_row, const TileBytes& b, int warp) {
-  uint4* dst = reinterpret_cast<uint4*>(ks_row);
+// Loads the lane's share of tile rows i0 .. i0 + 15 of the split into b. A skipped row
+// (rec == nullptr) keeps b's previous bytes -- zeros, or a real row's bytes from an
+// earlier tile -- and has scale byte 0, so its raw decode is finite (at most 2^-112) and
+// its P of exactly 0 leaves it out; rewriting the registers per skipped row would cost
+// every tile as many moves.
+__device__ __forceinline__ void load_tile(TileBytes& b, const uint8_t* const* rec, int i0,
+                                          int warp, int lane) {
   if (warp < kNopeWarps) {
-    const uint32_t words[8] = {b.v[0].x, b.v[0].y, b.v[0].z, b.v[0].w,
-                               b.v[1].x, b.v[1].y, b.v[1].z, b.v[1].w};
-    uint32_t o[16];
-    if (b.scale <= kFastMaxScale) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) e4m3x4_to_raw_bf16(words[i], o[2 * i], o[2 * i + 1]);
-    } else {
-      const uint32_t s = b.scale == 255u ? 255u : b.scale - kFullDecodeShift;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        uint32_t lo, hi;
-        e4m3x4_to_bf16x4(words[i], s * 0x01010101u, lo, hi);
-        o[2 * i] = __byte_perm(lo, hi, 0x5410);
-        o[2 * i + 1] = __byte_perm(lo, hi, 0x7632);
-      }
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* r = rec[i0 + (lane >> 2) + 8 * i];
+      if (r != nullptr) b.v[i] = __ldg(reinterpret_cast<const uint4*>(r + 64 * warp + 16 * (lane & 3)));
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
   } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i] = b.v[i];
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t* r = rec[i0 + (lane >> 3) + 4 * i];
+      if (r != nullptr) b.v[i] = __ldg(reinterpret_cast<const uint4*>(r + 448 + 16 * (lane & 7)));
+    }
   }
+}
+
+// 16 e4m3 bytes -> 16 bf16 at dst (two 16-byte stores): raw, or for a scale byte past the
+// fold's range decoded in full at scale byte s - 64, both in the (4i, 4i+2), (4i+1, 4i+3)
+// pair order.
+__device__ __forceinline__ void store_chunk(uint16_t* dst, const uint4& v, uint32_t s) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  uint32_t o[8];
+  if (s <= kFastMaxScale) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) e4m3x4_to_raw_bf16(words[i], o[2 * i], o[2 * i + 1]);
+  } else {
+    const uint32_t s4 = (s == 255u ? 255u : s - kFullDecodeShift) * 0x01010101u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t lo, hi;
+      e4m3x4_to_bf16x4(words[i], s4, lo, hi);
+      o[2 * i] = __byte_perm(lo, hi, 0x5410);
+      o[2 * i + 1] = __byte_perm(lo, hi, 0x7632);
+    }
+  }
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  d[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// The lane's share of the tile into the warp's bf16 slice ks (16 rows of kKsStride).
+// scale: this warp's scale bytes of the tile's rows (NoPE warps).
+__device__ __forceinline__ void store_tile(uint16_t* ks, const TileBytes& b, const uint8_t* scale,
+                                           int warp, int lane) {
+  if (warp < kNopeWarps) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = (lane >> 2) + 8 * i;
+      store_chunk(ks + row * kKsStride + 16 * (lane & 3), b.v[i], scale[row]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = (lane >> 3) + 4 * i;
+      *reinterpret_cast<uint4*>(ks + row * kKsStride + 8 * (lane & 7)) = b.v[i];
+    }
+  }
+}
+
+// Column of sp holding (row, col): the two 8-column halves swap on rows 2-3 mod 4, so the
+// MMA fragments' float2 stores (rows g, 8 rows at a time) and the owners' row reads both
+// spread over all 32 banks.
+__device__ __forceinline__ int sp_col(int row, int col) { return col ^ (8 * ((row >> 1) & 1)); }
+
+// The folded factor's exponent field for scale byte s.
+__device__ __forceinline__ uint32_t factor_field(uint32_t s) {
+  return s <= kFastMaxScale ? s + kFieldOffset : kUnitField;
 }
 
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
-          int kRowsPerSplit, int kMaxSplits, int kPrefetch>
+          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes>
 __device__ __forceinline__ void decode_cta(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
@@ -233,6 +263,8 @@ __device__ __forceinline__ void decode_cta(
     int64_t extra_idx_addr, int64_t extra_idx_stride, int64_t extra_len_addr, int64_t sink_addr,
     float scale_log2, int num_heads, uint8_t* smem_raw) {
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole tiles");
+  // The buffer TileLang allocates is tilelang_decode.py's smem_bytes(): it must hold this.
+  static_assert(sizeof(Smem<kRowsPerSplit>) <= kSmemBytes, "smem_bytes() is smaller than Smem");
   auto& sm = *reinterpret_cast<Smem<kRowsPerSplit>*>(smem_raw);
   const int64_t t = blockIdx.x;
   const int head0 = blockIdx.y * kHeads;
@@ -285,12 +317,18 @@ __device__ __forceinline__ void decode_cta(
     }
   }
 
-  // Resolve the split's rows once: record and scale addresses, nullptr for a skipped row.
-  for (int i = threadIdx.x; i < kRowsPerSplit; i += kWarps * 32) {
+  // Resolve the split's rows once: record addresses (nullptr for a skipped row), a bit
+  // mask of the real rows, and each row's 8 scale bytes -- loaded here, stored to shared
+  // memory only after the first tiles' loads are issued, so the two loads overlap.
+  constexpr int kResolveRounds = (kRowsPerSplit + kWarps * 32 - 1) / (kWarps * 32);
+  uint2 scale_bytes[kResolveRounds];
+#pragma unroll
+  for (int k = 0; k < kResolveRounds; ++k) {
+    const int i = k * kWarps * 32 + threadIdx.x;  // whole warps per round: the ballot below
     const int r = r_begin + i;
     const uint8_t* rec = nullptr;
-    const uint8_t* scl = nullptr;
-    if (r < r_end) {
+    scale_bytes[k] = make_uint2(0u, 0u);
+    if (i < kRowsPerSplit && r < r_end) {
       const bool is_main = r < main_len;
       int slot;
       const uint8_t* base;
@@ -313,11 +351,13 @@ __device__ __forceinline__ void decode_cta(
         const uint8_t* page = base + static_cast<int64_t>(slot / bs) * stride;
         const int within = slot % bs;
         rec = page + static_cast<int64_t>(within) * kRecordBytes;
-        scl = page + static_cast<int64_t>(bs) * kRecordBytes + within * 8;
+        scale_bytes[k] = __ldg(reinterpret_cast<const uint2*>(
+            page + static_cast<int64_t>(bs) * kRecordBytes + within * 8));
       }
     }
-    sm.rec[i] = rec;
-    sm.scale[i] = scl;
+    if (i < kRowsPerSplit) sm.rec[i] = rec;
+    const uint32_t real = __ballot_sync(0xffffffffu, rec != nullptr);
+    if (lane == 0 && i < kRowsPerSplit) sm.valid[i >> 5] = real;
   }
 
   float acc[8][4];
@@ -329,8 +369,16 @@ __device__ __forceinline__ void decode_cta(
   const int own_col = lane & 15;
   float m_run = kNegBig;
   float l_run = 0.f;
+  // A warp whose two head rows are both padding (heads past num_heads, e.g. 8 of the 16
+  // with 8 heads per rank) skips the owner work: its rows keep P = 0 and alpha = 1, set
+  // here once, so their accumulator rows stay 0 and never enter the rescale test below.
+  const bool owns_real_heads = head0 + 2 * warp < num_heads;
+  if (!owns_real_heads) {
+    sm.ps[own_row][own_col] = 0;
+    if (own_col == 0) sm.alpha[own_row] = 1.f;
+  }
 
-  __syncthreads();  // sm.rec / sm.scale are complete
+  __syncthreads();  // sm.rec / sm.valid are complete
 
   uint32_t qa[4][4];
   {
@@ -345,8 +393,6 @@ __device__ __forceinline__ void decode_cta(
     }
   }
 
-  const int my_row = lane >> 1;
-  const int half = lane & 1;
   uint16_t* ks = &sm.ks[warp][0][0];
   // Software pipeline in registers: kPrefetch buffers, each refilled with the tile
   // kPrefetch ahead as soon as its own tile is decoded, so kPrefetch tiles' loads are in
@@ -357,35 +403,43 @@ __device__ __forceinline__ void decode_cta(
   TileBytes buf[kPrefetch];
 #pragma unroll
   for (int k = 0; k < kPrefetch; ++k) {
-    if (r_begin + k * kRows < r_end) {
-      const int ni = k * kRows + my_row;
-      buf[k] = load_tile(sm.rec[ni], sm.scale[ni], warp, half);
+    buf[k].v[0] = buf[k].v[1] = buf[k].v[2] = buf[k].v[3] = make_uint4(0u, 0u, 0u, 0u);
+    if (r_begin + k * kRows < r_end) load_tile(buf[k], sm.rec, k * kRows, warp, lane);
+  }
+#pragma unroll
+  for (int k = 0; k < kResolveRounds; ++k) {
+    const int i = k * kWarps * 32 + threadIdx.x;
+    if (i < kRowsPerSplit) {
+#pragma unroll
+      for (int grp = 0; grp < kNopeWarps; ++grp) {
+        const uint32_t word = grp < 4 ? scale_bytes[k].x : scale_bytes[k].y;
+        sm.scale[grp][i] = static_cast<uint8_t>(word >> (8 * (grp & 3)));
+      }
     }
   }
+  __syncthreads();  // sm.scale is complete
 
   auto tile_step = [&](const int r0, TileBytes& cur) {
     const int i0 = r0 - r_begin;
     // Which of the tile's 16 rows are real (bit j = row r0 + j).
-    const bool row_ok = (r0 + own_col < r_end) && sm.rec[i0 + own_col] != nullptr;
-    const uint32_t valid = __ballot_sync(0xffffffffu, row_ok) & 0xffffu;
+    const uint32_t valid = (sm.valid[i0 >> 5] >> (i0 & 31)) & 0xffffu;
+    const uint8_t* tile_scale = &sm.scale[nope ? warp : 0][i0];
 
     // NoPE warps: the tile's folded factors, exponent fields e for the rows 2c, 2c+1,
-    // 8+2c, 9+2c of this lane's fragments (lane 2r loaded row r, and its scale byte).
+    // 8+2c, 9+2c of this lane's fragments.
     uint32_t e0 = 0, e1 = 0, e8 = 0, e9 = 0;
     if (nope) {
-      const uint32_t e_own = cur.scale <= kFastMaxScale ? cur.scale + kFieldOffset : kUnitField;
-      e0 = __shfl_sync(0xffffffffu, e_own, 4 * c);
-      e1 = __shfl_sync(0xffffffffu, e_own, 4 * c + 2);
-      e8 = __shfl_sync(0xffffffffu, e_own, 4 * c + 16);
-      e9 = __shfl_sync(0xffffffffu, e_own, 4 * c + 18);
+      const uint32_t s01 = *reinterpret_cast<const uint16_t*>(tile_scale + 2 * c);
+      const uint32_t s89 = *reinterpret_cast<const uint16_t*>(tile_scale + 8 + 2 * c);
+      e0 = factor_field(s01 & 0xFFu);
+      e1 = factor_field(s01 >> 8);
+      e8 = factor_field(s89 & 0xFFu);
+      e9 = factor_field(s89 >> 8);
     }
 
-    store_tile(ks + my_row * kKsStride + 32 * half, cur, warp);
+    store_tile(ks, cur, tile_scale, warp, lane);
     // The bytes are decoded: refill the buffer with the tile kPrefetch ahead.
-    if (r0 + kPrefetch * kRows < r_end) {
-      const int ni = i0 + kPrefetch * kRows + my_row;
-      cur = load_tile(sm.rec[ni], sm.scale[ni], warp, half);
-    }
+    if (r0 + kPrefetch * kRows < r_end) load_tile(cur, sm.rec, i0 + kPrefetch * kRows, warp, lane);
     __syncwarp();
 
     // Partial logits of this warp's 64 dims: 16 heads x 16 rows, two n-tiles of 8 rows.
@@ -412,8 +466,9 @@ __device__ __forceinline__ void decode_cta(
         s[j][2] *= f_a;
         s[j][3] *= f_b;
       }
-      *reinterpret_cast<float2*>(&sm.sp[warp][g][8 * j + 2 * c]) = make_float2(s[j][0], s[j][1]);
-      *reinterpret_cast<float2*>(&sm.sp[warp][g + 8][8 * j + 2 * c]) =
+      *reinterpret_cast<float2*>(&sm.sp[warp][g][sp_col(g, 8 * j + 2 * c)]) =
+          make_float2(s[j][0], s[j][1]);
+      *reinterpret_cast<float2*>(&sm.sp[warp][g + 8][sp_col(g + 8, 8 * j + 2 * c)]) =
           make_float2(s[j][2], s[j][3]);
     }
     __syncthreads();
@@ -421,10 +476,10 @@ __device__ __forceinline__ void decode_cta(
     // Owner: full logits of (own_row, own_col), summed over the 8 groups as a fixed tree
     // (deterministic, and 3 dependent adds instead of 8). Each lane keeps its own share of
     // the row's denominator; the 16 shares are summed once, after the last tile.
-    {
+    if (owns_real_heads) {
       float part[kWarps];
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) part[w] = sm.sp[w][own_row][own_col];
+      for (int w = 0; w < kWarps; ++w) part[w] = sm.sp[w][own_row][sp_col(own_row, own_col)];
       float x = ((part[0] + part[1]) + (part[2] + part[3])) +
                 ((part[4] + part[5]) + (part[6] + part[7]));
       x = ((valid >> own_col) & 1u) ? x * scale_log2 : -INFINITY;
@@ -446,12 +501,16 @@ __device__ __forceinline__ void decode_cta(
     {
       const float a_lo = sm.alpha[g];
       const float a_hi = sm.alpha[g + 8];
+      // A tile that raised none of the 16 maxima leaves every alpha at exactly 1 (exp2 of
+      // 0): the rescale would change nothing, so the warp skips it.
+      if (!__all_sync(0xffffffffu, a_lo == 1.f && a_hi == 1.f)) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        acc[j][0] *= a_lo;
-        acc[j][1] *= a_lo;
-        acc[j][2] *= a_hi;
-        acc[j][3] *= a_hi;
+        for (int j = 0; j < 8; ++j) {
+          acc[j][0] *= a_lo;
+          acc[j][1] *= a_lo;
+          acc[j][2] *= a_hi;
+          acc[j][3] *= a_hi;
+        }
       }
       uint32_t pa[4];
       ldsm_x4(pa, &sm.ps[(lane & 7) + 8 * ((lane >> 3) & 1)][8 * (lane >> 4)]);

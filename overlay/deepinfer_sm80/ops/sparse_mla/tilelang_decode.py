@@ -78,20 +78,25 @@ class DecodeVariant:
         return THREADS
 
     def smem_bytes(self) -> int:
-        """``sizeof(Smem<rows_per_split>)`` in decode_sm80.cuh."""
+        """``sizeof(Smem<rows_per_split>)`` in decode_sm80.cuh (the kernel's static_assert
+        refuses to compile if this is smaller)."""
+        rps = self.rows_per_split
         ks = 8 * ROWS_PER_TILE * 72 * 2
         sp = 8 * HEADS_PER_CTA * ROWS_PER_TILE * 4
         ps = HEADS_PER_CTA * 24 * 2
         alpha = HEADS_PER_CTA * 4
-        addresses = 2 * 8 * self.rows_per_split
-        return ks + sp + ps + alpha + addresses
+        records = 8 * rps  # one pointer per row
+        scales = 7 * rps  # one byte per row and NoPE group
+        real_rows = 4 * -(-rps // 32)  # one bit per row
+        size = ks + sp + ps + alpha + records + scales + real_rows
+        return -(-size // 8) * 8  # the struct's alignment: its pointers
 
     def callee(self) -> str:
         b = {True: "true", False: "false"}
         return (
             f"deepinfer_mla::decode_cta<{self.main_width}, {self.extra_width}, "
             f"{b[self.has_extra]}, {b[self.has_len]}, {b[self.has_sink]}, "
-            f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}>"
+            f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}>"
         )
 
     def build(self):

@@ -179,7 +179,7 @@ struct TileBytes {
 
 // Loads the lane's share of tile rows i0 .. i0 + 15 of the split into b. A skipped row
 // (rec == nullptr) keeps b's previous bytes -- zeros, or a real row's bytes from an
-// earlier tile -- and has scale byte 0, so its raw decode is finite (at most 2^-112) and
+// earlier tile -- and has scale byte 0, so its raw decode is finite (below 2^-111) and
 // its P of exactly 0 leaves it out; rewriting the registers per skipped row would cost
 // every tile as many moves.
 __device__ __forceinline__ void load_tile(TileBytes& b, const uint8_t* const* rec, int i0,
@@ -371,7 +371,8 @@ __device__ __forceinline__ void decode_cta(
   float l_run = 0.f;
   // A warp whose two head rows are both padding (heads past num_heads, e.g. 8 of the 16
   // with 8 heads per rank) skips the owner work: its rows keep P = 0 and alpha = 1, set
-  // here once, so their accumulator rows stay 0 and never enter the rescale test below.
+  // here once, so they never trigger the rescale below; their accumulator rows (MMA rows
+  // are independent of each other) are never stored.
   const bool owns_real_heads = head0 + 2 * warp < num_heads;
   if (!owns_real_heads) {
     sm.ps[own_row][own_col] = 0;

@@ -371,6 +371,23 @@ def _finish(
 
 
 @triton.jit
+def _split_partial(
+    part_ml_ptr, part_acc_ptr, i_t, o_h, m_h, s, n_splits, num_heads, MAX_SPLITS: tl.constexpr
+):
+    """Split ``s``'s partials (m, l, acc) of heads ``o_h``; a split past ``n_splits`` (or
+    a padded head) is empty: m = NEG_BIG, l = 0, acc = 0."""
+    ok = m_h & (s < n_splits)
+    row = (i_t * num_heads + o_h) * MAX_SPLITS + s
+    s_m = tl.load(part_ml_ptr + row * 2, mask=ok, other=NEG_BIG)
+    s_l = tl.load(part_ml_ptr + row * 2 + 1, mask=ok, other=0.0)
+    o_d = tl.arange(0, 512)
+    s_acc = tl.load(
+        part_acc_ptr + row.to(tl.int64)[:, None] * 512 + o_d[None, :], mask=ok[:, None], other=0.0
+    )
+    return s_m, s_l, s_acc
+
+
+@triton.jit
 def sparse_mla_reduce_kernel(
     out_ptr,
     out_stride_t,
@@ -408,24 +425,39 @@ def sparse_mla_reduce_kernel(
     if n_splits > 1:
         o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
         m_h = o_h < num_heads
-        o_d = tl.arange(0, 512)
         b_m = tl.full((BLOCK_H,), NEG_BIG, tl.float32)
         b_l = tl.zeros((BLOCK_H,), tl.float32)
         b_acc = tl.zeros((BLOCK_H, 512), tl.float32)
-        for s in range(0, n_splits):
-            row = (i_t * num_heads + o_h) * MAX_SPLITS + s
-            s_m = tl.load(part_ml_ptr + row * 2, mask=m_h, other=NEG_BIG)
-            s_l = tl.load(part_ml_ptr + row * 2 + 1, mask=m_h, other=0.0)
-            s_acc = tl.load(
-                part_acc_ptr + row.to(tl.int64)[:, None] * 512 + o_d[None, :],
-                mask=m_h[:, None],
-                other=0.0,
+        # Four splits per step, all loaded before any is used: one memory round trip per
+        # four splits instead of one per split. At T=1 the reduction is a chain of such
+        # round trips (Nsight Compute, H200: 6.5 us for 4 splits); end to end this saves
+        # 0.3-1 us per decode call (NVIDIA_H200.sparse_mla_reduce_four_splits.log).
+        # Absent splits load as empty.
+        for s0 in range(0, n_splits, 4):
+            m0, l0, acc0 = _split_partial(
+                part_ml_ptr, part_acc_ptr, i_t, o_h, m_h, s0, n_splits, num_heads, MAX_SPLITS
             )
-            b_m_new = tl.maximum(b_m, s_m)
+            m1, l1, acc1 = _split_partial(
+                part_ml_ptr, part_acc_ptr, i_t, o_h, m_h, s0 + 1, n_splits, num_heads, MAX_SPLITS
+            )
+            m2, l2, acc2 = _split_partial(
+                part_ml_ptr, part_acc_ptr, i_t, o_h, m_h, s0 + 2, n_splits, num_heads, MAX_SPLITS
+            )
+            m3, l3, acc3 = _split_partial(
+                part_ml_ptr, part_acc_ptr, i_t, o_h, m_h, s0 + 3, n_splits, num_heads, MAX_SPLITS
+            )
+            # One fixed fold per step (the same bits on every run and in any batch).
+            b_m_new = tl.maximum(tl.maximum(b_m, tl.maximum(m0, m1)), tl.maximum(m2, m3))
             a_old = tl.exp2(b_m - b_m_new)
-            a_new = tl.exp2(s_m - b_m_new)
-            b_l = b_l * a_old + s_l * a_new
-            b_acc = b_acc * a_old[:, None] + s_acc * a_new[:, None]
+            a0 = tl.exp2(m0 - b_m_new)
+            a1 = tl.exp2(m1 - b_m_new)
+            a2 = tl.exp2(m2 - b_m_new)
+            a3 = tl.exp2(m3 - b_m_new)
+            b_l = b_l * a_old + ((l0 * a0 + l1 * a1) + (l2 * a2 + l3 * a3))
+            b_acc = b_acc * a_old[:, None] + (
+                (acc0 * a0[:, None] + acc1 * a1[:, None])
+                + (acc2 * a2[:, None] + acc3 * a3[:, None])
+            )
             b_m = b_m_new
         _finish(
             b_acc,

@@ -99,12 +99,15 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     ),
     # The TileLang decode (ops/sparse_mla/decode_sm80.cuh): 8 warps, a fixed tile of 16
     # heads x 16 rows (BLOCK_H/BLOCK_N state it; launch() refuses other values). Knobs:
-    # rows per split, and PREFETCH (tiles of loads in flight: 1 or 2; 2 measured no
-    # faster on the H200). 116-120 registers, 30.4 KB shared memory on sm_80/sm_86.
-    # 192 rows per split (H200, NVIDIA_H200.decode_rows_per_split.log), against 128: 32
-    # and 64 heads 11-16% faster from T=16 up, 7-10% slower at T<=4, 8 heads 15% slower
-    # at T<=16. DSpark (K=5) decodes 6 tokens per request, so T>=16 from 3 requests on;
-    # the 192-row draft window needs no split at all.
+    # ROWS_PER_SPLIT (a token's split count is ceil(rows / ROWS_PER_SPLIT); the kernel
+    # deals the rows evenly over them, in whole tiles) and PREFETCH (tiles of loads in
+    # flight: 1 or 2; 2 measured no faster on the H200). 118-122 registers, 36.5 KB shared
+    # memory on sm_80/sm_86. 192 (640 rows: 4 splits of 160), measured on the H200 with
+    # the even split (NVIDIA_H200.decode_tilelang_s8_experiments.log). Against 128: 3-5%
+    # slower at T<=4, 7-25% faster at T=64 and 256, at T=16 12-24% faster with 32 or 64
+    # heads and 4% slower with 8; DSpark T=5 20% slower, T=80 13% faster. Against 224:
+    # 9-16% faster at T<=16, 6-9% slower at T=256. DSpark (K=5) decodes 6 tokens per
+    # request, so T>=16 from 3 requests on.
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

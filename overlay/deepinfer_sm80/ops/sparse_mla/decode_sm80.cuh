@@ -5,7 +5,8 @@
 //
 // Why this shape: a record is decoded once per CTA, and every warp touches only its own
 // 64 dims. The prologue resolves the split's rows once (record addresses, a bit mask of
-// the real rows, every row's scale bytes into shared memory). Per 16-row tile, warp w
+// the real rows, every row's scale bytes and folded factors into shared memory). Per
+// 16-row tile, warp w
 //   1. loads and decodes its 64 bytes of each row into a warp-private bf16 slice in
 //      shared memory (no CTA barrier: only this warp reads it), with loads laid out for
 //      the L1 pipe, the kernel's busiest unit (see TileBytes),
@@ -27,7 +28,8 @@
 //     subnormal range;
 //   - a partial logit is multiplied by 2^(s - 71), and P by the same power per row
 //     (exact: powers of two), which leaves the accumulator at out * 2^-64; the epilogue
-//     multiplies the 2^64 back.
+//     multiplies the 2^64 back. The prologue tabulates these factors per row and group
+//     (the RoPE group's are 1, so all 8 warps run the same QK and PV code).
 // Both factors are exponent fields s + 56, valid for s <= 198 (|k| < 448 * 2^71). A row
 // with a larger scale byte is decoded in full instead, at scale byte s - 64, so it holds
 // k * 2^-64 and both its factors are 1: the logit is q * k exactly and the accumulator
@@ -38,9 +40,10 @@
 // tile keeps that order, the query slice is loaded in it, and the epilogue swaps pairs
 // back between neighbour lanes.
 //
-// Maths and outputs are those of sparse_mla_fwd_kernel in triton_kernel.py (the same kind
-// of split policy, with its own rows per split from arch.py; the same partials layout,
-// reduced by the same Triton reduction kernel):
+// Maths and outputs are those of sparse_mla_fwd_kernel in triton_kernel.py (the same split
+// count per token, ceil(rows / ROWS_PER_SPLIT) with arch.py's ROWS_PER_SPLIT for this
+// kernel, but the rows dealt evenly over the splits; the same partials layout, reduced
+// by the same Triton reduction kernel):
 //   out = sum_j exp(s_j) k_j / (sum_j exp(s_j) + exp(sink)),  lse = log(sum_j exp(s_j)),
 // in base 2 internally. Rows that are -1, outside their cache or past the token's
 // length are skipped and never read; a token without rows gets 0 (lse -inf).
@@ -77,6 +80,7 @@ struct Smem {
   float alpha[kHeads];                    // rescale of the tile; the final factor at the end
   const uint8_t* rec[kRowsPerSplit];      // the split's record addresses (nullptr = skip)
   uint8_t scale[kNopeWarps][kRowsPerSplit];  // their scale bytes, by group (0 for a skipped row)
+  alignas(8) uint32_t fold[kWarps][kRowsPerSplit];  // their folded factors, fp32 bits (group 7: 1)
   uint32_t valid[(kRowsPerSplit + 31) / 32];  // bit i: row i of the split is real
 };
 
@@ -289,8 +293,13 @@ __device__ __forceinline__ void decode_cta(
   const int total = main_len + extra_len;
   const int n_splits = max((total + kRowsPerSplit - 1) / kRowsPerSplit, 1);
   if (split >= n_splits) return;
-  const int r_begin = split * kRowsPerSplit;
-  const int r_end = min(r_begin + kRowsPerSplit, total);
+  // The rows are dealt evenly over the splits (whole tiles; at most kRowsPerSplit, since
+  // n_splits * kRowsPerSplit >= total): 640 rows are 4 x 160, not 3 x 192 + 64, so the
+  // longest CTA of a token -- its latency at small batches -- has 10 tiles, not 12, and
+  // the waves of a large batch are even. Still a function of the token's own rows only.
+  const int split_rows = ((total + n_splits - 1) / n_splits + kRows - 1) / kRows * kRows;
+  const int r_begin = split * split_rows;
+  const int r_end = min(r_begin + split_rows, total);
 
   // This warp's query slice as MMA A fragments: 4 k-steps of 16 dims, heads g and g + 8.
   // NoPE warps: in the tile's pair order (lane c holds dims b + (c & 1) and b + 2 + (c & 1)
@@ -414,8 +423,11 @@ __device__ __forceinline__ void decode_cta(
 #pragma unroll
       for (int grp = 0; grp < kNopeWarps; ++grp) {
         const uint32_t word = grp < 4 ? scale_bytes[k].x : scale_bytes[k].y;
-        sm.scale[grp][i] = static_cast<uint8_t>(word >> (8 * (grp & 3)));
+        const uint32_t byte = (word >> (8 * (grp & 3))) & 0xFFu;
+        sm.scale[grp][i] = static_cast<uint8_t>(byte);
+        sm.fold[grp][i] = factor_field(byte) << 23;
       }
+      sm.fold[kNopeWarps][i] = kUnitField << 23;  // the RoPE group is not scaled
     }
   }
   __syncthreads();  // sm.scale is complete
@@ -426,42 +438,33 @@ __device__ __forceinline__ void decode_cta(
     const uint32_t valid = (sm.valid[i0 >> 5] >> (i0 & 31)) & 0xffffu;
     const uint8_t* tile_scale = &sm.scale[nope ? warp : 0][i0];
 
-    // NoPE warps: the tile's folded factors, exponent fields e for the rows 2c, 2c+1,
-    // 8+2c, 9+2c of this lane's fragments.
-    uint32_t e0 = 0, e1 = 0, e8 = 0, e9 = 0;
-    if (nope) {
-      const uint32_t s01 = *reinterpret_cast<const uint16_t*>(tile_scale + 2 * c);
-      const uint32_t s89 = *reinterpret_cast<const uint16_t*>(tile_scale + 8 + 2 * c);
-      e0 = factor_field(s01 & 0xFFu);
-      e1 = factor_field(s01 >> 8);
-      e8 = factor_field(s89 & 0xFFu);
-      e9 = factor_field(s89 >> 8);
-    }
+    // The tile's folded factors (fp32 bits) for the rows 2c, 2c+1 (f01) and 8+2c, 9+2c
+    // (f89) of this lane's fragments; 1 for the RoPE warp, so every warp runs one path.
+    const uint2 f01 = *reinterpret_cast<const uint2*>(&sm.fold[warp][i0 + 2 * c]);
+    const uint2 f89 = *reinterpret_cast<const uint2*>(&sm.fold[warp][i0 + 8 + 2 * c]);
 
     store_tile(ks, cur, tile_scale, warp, lane);
     // The bytes are decoded: refill the buffer with the tile kPrefetch ahead.
     if (r0 + kPrefetch * kRows < r_end) load_tile(cur, sm.rec, i0 + kPrefetch * kRows, warp, lane);
     __syncwarp();
 
-    // Partial logits of this warp's 64 dims: 16 heads x 16 rows, two n-tiles of 8 rows.
-    // Two accumulators per n-tile (even and odd k-steps) halve the dependent MMA chain.
+    // Partial logits of this warp's 64 dims: 16 heads x 16 rows, two n-tiles of 8 rows,
+    // each a chain of 4 MMAs; the two chains interleave (splitting each in two, with the
+    // adds to merge them, measured 0.5-1% slower on the H200).
     float s[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      float s_odd[4] = {0.f, 0.f, 0.f, 0.f};
       s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < 4; kk += 2) {
         uint32_t kb[4];
         ldsm_x4(kb, ks + (8 * j + (lane & 7)) * kKsStride + 16 * kk + 8 * (lane >> 3));
         mma_bf16(s[j], qa[kk], kb[0], kb[1]);
-        mma_bf16(s_odd, qa[kk + 1], kb[2], kb[3]);
+        mma_bf16(s[j], qa[kk + 1], kb[2], kb[3]);
       }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[j][i] += s_odd[i];
-      if (nope) {
-        const float f_a = __uint_as_float((j == 0 ? e0 : e8) << 23);
-        const float f_b = __uint_as_float((j == 0 ? e1 : e9) << 23);
+      {
+        const float f_a = __uint_as_float(j == 0 ? f01.x : f89.x);
+        const float f_b = __uint_as_float(j == 0 ? f01.y : f89.y);
         s[j][0] *= f_a;
         s[j][1] *= f_b;
         s[j][2] *= f_a;
@@ -515,13 +518,14 @@ __device__ __forceinline__ void decode_cta(
       }
       uint32_t pa[4];
       ldsm_x4(pa, &sm.ps[(lane & 7) + 8 * ((lane >> 3) & 1)][8 * (lane >> 4)]);
-      if (nope) {  // P's columns 2c, 2c+1 (pa[0..1]) and 2c+8, 2c+9 (pa[2..3]) are rows
-        const uint32_t f01 = (e1 << 23) | (e0 << 7);
-        const uint32_t f89 = (e9 << 23) | (e8 << 7);
-        pa[0] = mul_bf16x2(pa[0], f01);
-        pa[1] = mul_bf16x2(pa[1], f01);
-        pa[2] = mul_bf16x2(pa[2], f89);
-        pa[3] = mul_bf16x2(pa[3], f89);
+      {  // P's columns 2c, 2c+1 (pa[0..1]) and 2c+8, 2c+9 (pa[2..3]) are rows; a power
+         // of two's bf16 is the top half of its fp32 bits
+        const uint32_t b01 = __byte_perm(f01.x, f01.y, 0x7632);
+        const uint32_t b89 = __byte_perm(f89.x, f89.y, 0x7632);
+        pa[0] = mul_bf16x2(pa[0], b01);
+        pa[1] = mul_bf16x2(pa[1], b01);
+        pa[2] = mul_bf16x2(pa[2], b89);
+        pa[3] = mul_bf16x2(pa[3], b89);
       }
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {

@@ -8,8 +8,9 @@ warp policies do not express. TileLang still owns the build (nvcc, its disk cach
 by the TIR, target and pass configs), the launch on PyTorch's current stream and the
 shared-memory allocation, exactly as for the mHC kernels.
 
-It computes what ``sparse_mla_fwd_kernel`` computes for decode (same split policy and
-partials layout; the Triton reduction kernel merges its partials). Only a GPU can run
+It computes what ``sparse_mla_fwd_kernel`` computes for decode (the same split count per
+token and partials layout, the Triton reduction kernel merging them; the rows are dealt
+evenly over a token's splits, so 640 rows are 4 x 160, not 3 x 192 + 64). Only a GPU can run
 it: the Triton interpreter does not apply, so its correctness tests are on the GPU tier
 (``tests/ops/test_sparse_mla.py``) and CPU CI checks its Ampere fit (``ampere_fit``).
 """
@@ -87,8 +88,9 @@ class DecodeVariant:
         alpha = HEADS_PER_CTA * 4
         records = 8 * rps  # one pointer per row
         scales = 7 * rps  # one byte per row and NoPE group
+        folds = 4 * 8 * rps  # one fp32 factor per row and group
         real_rows = 4 * -(-rps // 32)  # one bit per row
-        size = ks + sp + ps + alpha + records + scales + real_rows
+        size = ks + sp + ps + alpha + records + scales + folds + real_rows
         return -(-size // 8) * 8  # the struct's alignment: its pointers
 
     def callee(self) -> str:

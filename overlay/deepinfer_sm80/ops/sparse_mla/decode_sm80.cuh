@@ -449,27 +449,38 @@ __device__ __forceinline__ void decode_cta(
     __syncwarp();
 
     // Partial logits of this warp's 64 dims: 16 heads x 16 rows, two n-tiles of 8 rows,
-    // each a chain of 4 MMAs; the two chains interleave (splitting each in two, with the
-    // adds to merge them, measured 0.5-1% slower on the H200).
-    float s[2][4];
+    // each a chain of 4 MMAs. All four ldmatrix first, then the two chains interleaved,
+    // then the stores: with a store between the n-tiles, ptxas could not hoist the second
+    // n-tile's ldmatrix and ran the chains back to back, a NOP-padded chain of 8 dependent
+    // MMAs (Nsight Compute, H200). Four chains of 2, with the adds to merge them, measured
+    // no faster.
+    uint32_t kb[2][2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < 4; kk += 2) {
-        uint32_t kb[4];
-        ldsm_x4(kb, ks + (8 * j + (lane & 7)) * kKsStride + 16 * kk + 8 * (lane >> 3));
-        mma_bf16(s[j], qa[kk], kb[0], kb[1]);
-        mma_bf16(s[j], qa[kk + 1], kb[2], kb[3]);
+      for (int h = 0; h < 2; ++h) {
+        ldsm_x4(kb[j][h], ks + (8 * j + (lane & 7)) * kKsStride + 32 * h + 8 * (lane >> 3));
       }
-      {
-        const float f_a = __uint_as_float(j == 0 ? f01.x : f89.x);
-        const float f_b = __uint_as_float(j == 0 ? f01.y : f89.y);
-        s[j][0] *= f_a;
-        s[j][1] *= f_b;
-        s[j][2] *= f_a;
-        s[j][3] *= f_b;
+    }
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          mma_bf16(s[j], qa[2 * h + half], kb[j][h][2 * half], kb[j][h][2 * half + 1]);
+        }
       }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float f_a = __uint_as_float(j == 0 ? f01.x : f89.x);
+      const float f_b = __uint_as_float(j == 0 ? f01.y : f89.y);
+      s[j][0] *= f_a;
+      s[j][1] *= f_b;
+      s[j][2] *= f_a;
+      s[j][3] *= f_b;
       *reinterpret_cast<float2*>(&sm.sp[warp][g][sp_col(g, 8 * j + 2 * c)]) =
           make_float2(s[j][0], s[j][1]);
       *reinterpret_cast<float2*>(&sm.sp[warp][g + 8][sp_col(g + 8, 8 * j + 2 * c)]) =

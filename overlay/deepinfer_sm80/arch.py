@@ -101,7 +101,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # heads x 16 rows (BLOCK_H/BLOCK_N state it; launch() refuses other values). Knobs:
     # ROWS_PER_SPLIT (a token's split count is ceil(rows / ROWS_PER_SPLIT); the kernel
     # deals the rows evenly over them, in whole tiles) and PREFETCH (tiles of loads in
-    # flight: 1 or 2; 2 measured no faster on the H200). 118-122 registers, 36.5 KB shared
+    # flight: 1 or 2; 2 measured no faster on the H200). 122 registers, 36.5 KB shared
     # memory on sm_80/sm_86. 192 (640 rows: 4 splits of 160), measured on the H200 with
     # the even split (NVIDIA_H200.decode_tilelang_s8_experiments.log). Against 128: 3-5%
     # slower at T<=4, 7-25% faster at T=64 and 256, at T=16 12-24% faster with 32 or 64

@@ -251,6 +251,16 @@ __device__ __forceinline__ void store_tile(uint16_t* ks, const TileBytes& b, con
 // spread over all 32 banks.
 __device__ __forceinline__ int sp_col(int row, int col) { return col ^ (8 * ((row >> 1) & 1)); }
 
+// fp32 <-> int32 keys with the same order (negative values have their magnitude bits
+// flipped; the map is its own inverse), so an integer redux.sync can take a float maximum.
+__device__ __forceinline__ int order_key(float x) {
+  const int b = __float_as_int(x);
+  return b ^ ((b >> 31) & 0x7FFFFFFF);
+}
+__device__ __forceinline__ float from_order_key(int k) {
+  return __int_as_float(k ^ ((k >> 31) & 0x7FFFFFFF));
+}
+
 // The folded factor's exponent field for scale byte s.
 __device__ __forceinline__ uint32_t factor_field(uint32_t s) {
   return s <= kFastMaxScale ? s + kFieldOffset : kUnitField;
@@ -498,9 +508,15 @@ __device__ __forceinline__ void decode_cta(
       float x = ((part[0] + part[1]) + (part[2] + part[3])) +
                 ((part[4] + part[5]) + (part[6] + part[7]));
       x = ((valid >> own_col) & 1u) ? x * scale_log2 : -INFINITY;
-      float mx = x;
-#pragma unroll
-      for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      // The row maximum over its 16 lanes (each half-warp is one row): two independent
+      // whole-warp redux.sync on order-preserving integer keys, each blind to the other
+      // row, instead of a chain of 4 shuffles and maxima. (Per-half masks would make
+      // the compiler take a slow path for a non-uniform mask.)
+      const int key = order_key(x);
+      const bool low_row = lane < 16;
+      const int max_lo = __reduce_max_sync(0xffffffffu, low_row ? key : INT_MIN);
+      const int max_hi = __reduce_max_sync(0xffffffffu, low_row ? INT_MIN : key);
+      const float mx = from_order_key(low_row ? max_lo : max_hi);
       const float m_new = fmaxf(m_run, mx);
       const float alpha = fast_exp2(m_run - m_new);
       const float p = fast_exp2(x - m_new);

@@ -321,9 +321,10 @@ def test_split_and_unsplit_agree(device, engine, monkeypatch):
 @pytest.mark.parametrize("rows", [16, 48, 208, 320])
 def test_decode_split_sizes(device, engine, monkeypatch, rows):
     """Split sizes off the shipped one: 16 rows (40 splits), 48 and 208 (a split's row mask
-    ends inside a 32-bit word), 320 (the TileLang prologue resolves rows in two rounds of
-    256 threads). 8 heads: the TileLang warps that own only padded head rows skip their
-    softmax work, and the output must not notice."""
+    ends inside a 32-bit word: the TileLang kernel deals 482 rows as 176 + 176 + 130), 320
+    (the TileLang prologue resolves rows in two rounds of 256 threads). 8 heads: the
+    TileLang warps that own only padded head rows skip their softmax work, and the output
+    must not notice."""
     _with_rows_per_split(monkeypatch, rows)
     case = make_decode_case(
         3, 64, seed=rows, device=device, lens=[128, 93, 0], extra_lens=[512, 389, 171]

@@ -40,10 +40,10 @@
 // tile keeps that order, the query slice is loaded in it, and the epilogue swaps pairs
 // back between neighbour lanes.
 //
-// Maths and outputs are those of sparse_mla_fwd_kernel in triton_kernel.py (the same split
-// count per token, ceil(rows / ROWS_PER_SPLIT) with arch.py's ROWS_PER_SPLIT for this
-// kernel, but the rows dealt evenly over the splits; the same partials layout, reduced
-// by the same Triton reduction kernel):
+// Maths and outputs are those of sparse_mla_fwd_kernel in triton_kernel.py, not its bits
+// (the same split count per token, ceil(rows / ROWS_PER_SPLIT) with arch.py's
+// ROWS_PER_SPLIT for this kernel, but the rows dealt evenly over the splits and summed in
+// another order; the same partials layout, reduced by the same Triton reduction kernel):
 //   out = sum_j exp(s_j) k_j / (sum_j exp(s_j) + exp(sink)),  lse = log(sum_j exp(s_j)),
 // in base 2 internally. Rows that are -1, outside their cache or past the token's
 // length are skipped and never read; a token without rows gets 0 (lse -inf).
@@ -338,7 +338,8 @@ __device__ __forceinline__ void decode_cta(
 
   // Resolve the split's rows once: record addresses (nullptr for a skipped row), a bit
   // mask of the real rows, and each row's 8 scale bytes -- loaded here, stored to shared
-  // memory only after the first tiles' loads are issued, so the two loads overlap.
+  // memory (with the folded factors made from them) only after the first tiles' loads
+  // are issued, so the two loads overlap.
   constexpr int kResolveRounds = (kRowsPerSplit + kWarps * 32 - 1) / (kWarps * 32);
   uint2 scale_bytes[kResolveRounds];
 #pragma unroll
@@ -440,7 +441,7 @@ __device__ __forceinline__ void decode_cta(
       sm.fold[kNopeWarps][i] = kUnitField << 23;  // the RoPE group is not scaled
     }
   }
-  __syncthreads();  // sm.scale is complete
+  __syncthreads();  // sm.scale and sm.fold are complete
 
   auto tile_step = [&](const int r0, TileBytes& cur) {
     const int i0 = r0 - r_begin;
@@ -511,11 +512,13 @@ __device__ __forceinline__ void decode_cta(
       // The row maximum over its 16 lanes (each half-warp is one row): two independent
       // whole-warp redux.sync on order-preserving integer keys, each blind to the other
       // row, instead of a chain of 4 shuffles and maxima. (Per-half masks would make
-      // the compiler take a slow path for a non-uniform mask.)
+      // the compiler take a slow path for a non-uniform mask.) A NaN logit, which only an
+      // infinite key or query can make, becomes the row maximum here where fmaxf would skip
+      // it; the output is NaN either way, through that row's p.
       const int key = order_key(x);
       const bool low_row = lane < 16;
-      const int max_lo = __reduce_max_sync(0xffffffffu, low_row ? key : INT_MIN);
-      const int max_hi = __reduce_max_sync(0xffffffffu, low_row ? INT_MIN : key);
+      const int max_lo = __reduce_max_sync(0xffffffffu, low_row ? key : INT32_MIN);
+      const int max_hi = __reduce_max_sync(0xffffffffu, low_row ? INT32_MIN : key);
       const float mx = from_order_key(low_row ? max_lo : max_hi);
       const float m_new = fmaxf(m_run, mx);
       const float alpha = fast_exp2(m_run - m_new);
@@ -556,11 +559,11 @@ __device__ __forceinline__ void decode_cta(
       }
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {
-        uint32_t kb[4];
-        ldsm_x4_trans(kb, ks + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kKsStride +
+        uint32_t vb[4];
+        ldsm_x4_trans(vb, ks + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kKsStride +
                               8 * (j + (lane >> 4)));
-        mma_bf16(acc[j], pa, kb[0], kb[1]);
-        mma_bf16(acc[j + 1], pa, kb[2], kb[3]);
+        mma_bf16(acc[j], pa, vb[0], vb[1]);
+        mma_bf16(acc[j + 1], pa, vb[2], vb[3]);
       }
     }
     __syncwarp();  // this warp's ldmatrix reads of ks are done before the next tile's stores

@@ -173,8 +173,15 @@ def test_decode_swa_plus_topk_tp_heads(device, engine, heads, ratio):
     _check_decode(case, heads, f"decode H{heads} ratio{ratio}")
 
 
+# 8 heads or fewer per rank run the TileLang kernel's narrow variant (transposed MMAs,
+# 32-row tiles); the corner-case tests below run it on the GPU tier too.
+NARROW = pytest.param(8, marks=pytest.mark.gpu, id="narrow-H8")
+NARROW_H5 = pytest.param(5, marks=pytest.mark.gpu, id="narrow-H5")  # 3 idle owner warps
+
+
+@pytest.mark.parametrize("heads", [16, NARROW])
 @pytest.mark.parametrize("width", [WINDOW, DSPARK_WIDTH], ids=["swa128", "dspark192"])
-def test_decode_swa_only_layers(device, engine, width):
+def test_decode_swa_only_layers(device, engine, width, heads):
     case = make_decode_case(
         3,
         64,
@@ -184,26 +191,30 @@ def test_decode_swa_only_layers(device, engine, width):
         device=device,
         lens=[width, 1, width - 61],
     )
-    _check_decode(case, 16, f"swa-only {width}")
+    _check_decode(case, heads, f"swa-only {width}")
 
 
-def test_decode_empty_rows_give_zero_and_no_nan(device, engine):
-    """All -1 indices, zero lengths: out = 0 (the sink alone in the denominator)."""
+@pytest.mark.parametrize("heads", [16, NARROW, NARROW_H5])
+def test_decode_empty_rows_give_zero_and_no_nan(device, engine, heads):
+    """All -1 indices, zero lengths: out = 0 (the sink alone in the denominator). 5 heads:
+    3 of the narrow kernel's 8 owner warps have only a padded head."""
     case = make_decode_case(3, 64, seed=5, device=device, lens=[0, 128, 0], extra_lens=[0, 0, 512])
     case.idx[1] = -1
     case.extra_idx[2] = -1
-    got, lse = case.run(16, out=nan_empty(3, 64, 512, device=device))
-    assert (got[:, :16] == 0).all() and torch.isinf(lse[:, :16]).all()
+    got, lse = case.run(heads, out=nan_empty(3, 64, 512, device=device))
+    assert (got[:, :heads] == 0).all() and torch.isinf(lse[:, :heads]).all()
+    assert torch.isnan(got[:, heads:]).all()
     case.sink = None
-    got, _ = case.run(16, out=nan_empty(3, 64, 512, device=device))
-    assert (got[:, :16] == 0).all()
+    got, _ = case.run(heads, out=nan_empty(3, 64, 512, device=device))
+    assert (got[:, :heads] == 0).all()
 
 
-def test_decode_without_sink_and_without_lengths(device, engine):
+@pytest.mark.parametrize("heads", [32, NARROW, NARROW_H5])
+def test_decode_without_sink_and_without_lengths(device, engine, heads):
     case = make_decode_case(2, 64, seed=9, sink=False, device=device)
     case.lens = None
     case.extra_lens = None
-    _check_decode(case, 32, "no sink, no lengths")
+    _check_decode(case, heads, "no sink, no lengths")
 
 
 HUGE_GROUP, TINY_GROUP = 3, 5  # NoPE scale groups of 64 dims
@@ -223,8 +234,9 @@ def _extreme_groups(rows: torch.Tensor) -> torch.Tensor:
     return rows.bfloat16()
 
 
+@pytest.mark.parametrize("heads", [16, NARROW])
 @pytest.mark.parametrize("q_shift", [-80, 0], ids=["mixed-logits", "huge-logits"])
-def test_decode_extreme_scales_and_subnormal_codes(device, engine, q_shift):
+def test_decode_extreme_scales_and_subnormal_codes(device, engine, q_shift, heads):
     """Scales outside the TileLang fast path's fold and subnormal e4m3 codes decode
     exactly. With the huge group's query dims scaled down (-80) the huge rows mix with
     the others in the softmax; unscaled (0), their logits are ~2^80 and q * k must not
@@ -240,10 +252,10 @@ def test_decode_extreme_scales_and_subnormal_codes(device, engine, q_shift):
     )
     huge = slice(64 * HUGE_GROUP, 64 * HUGE_GROUP + 64)
     case.q[:, :, huge] = (case.q[:, :, huge].float() * 2.0**q_shift).bfloat16()
-    got, _ = _check_decode(case, 16, f"extreme scales, q shift {q_shift}")
-    assert torch.isfinite(got[:, :16]).all()
-    assert got[:, :16, huge].float().abs().amax() > 2.0**70  # the huge rows did take part
-    tiny = got[:, :16, 64 * TINY_GROUP + 1 : 64 * TINY_GROUP + 64].float().abs()
+    got, _ = _check_decode(case, heads, f"extreme scales, q shift {q_shift}")
+    assert torch.isfinite(got[:, :heads]).all()
+    assert got[:, :heads, huge].float().abs().amax() > 2.0**70  # the huge rows did take part
+    tiny = got[:, :heads, 64 * TINY_GROUP + 1 : 64 * TINY_GROUP + 64].float().abs()
     assert 0 < tiny.amax() < 1  # small-code dims came through, and stayed small
 
 
@@ -289,32 +301,34 @@ def _with_rows_per_split(monkeypatch, rows):
         )
 
 
-def test_direct_output_path_launches_no_reduction(device, engine, monkeypatch):
+@pytest.mark.parametrize("heads", [16, NARROW])
+def test_direct_output_path_launches_no_reduction(device, engine, monkeypatch, heads):
     counter = _LaunchCounter(mla_kernels.sparse_mla_reduce_kernel)
     monkeypatch.setattr(mla_kernels, "sparse_mla_reduce_kernel", counter)
     swa = make_decode_case(2, 64, extra_width=0, seed=1, device=device)
-    swa.run(16)
+    swa.run(heads)
     assert counter.launches == 0  # 128 rows <= ROWS_PER_SPLIT: one split, written directly
     full = make_decode_case(2, 64, seed=1, device=device)
-    full.run(16)
+    full.run(heads)
     assert counter.launches == 1  # 640 rows can split: one reduction launch
     _with_rows_per_split(monkeypatch, 1024)
-    full.run(16)
+    full.run(heads)
     assert counter.launches == 1  # 1024 rows per split: direct again
 
 
-def test_split_and_unsplit_agree(device, engine, monkeypatch):
+@pytest.mark.parametrize("heads", [16, NARROW])
+def test_split_and_unsplit_agree(device, engine, monkeypatch, heads):
     case = make_decode_case(2, 64, seed=11, device=device, lens=[128, 100], extra_lens=[512, 3])
-    split, _ = _check_decode(case, 16, "split (256 rows)")
+    split, _ = _check_decode(case, heads, "split (256 rows)")
     _with_rows_per_split(monkeypatch, 1024)
-    whole, _ = _check_decode(case, 16, "unsplit")
-    ref, _ = case.ref(16, "fp32")
-    torch_bf16, _ = case.ref(16, "bf16")
+    whole, _ = _check_decode(case, heads, "unsplit")
+    ref, _ = case.ref(heads, "fp32")
+    torch_bf16, _ = case.ref(heads, "bf16")
     assert_within_torch_budget(
         "split vs unsplit",
-        split[:, :16].float().cpu(),
-        whole[:, :16].float().cpu(),
-        torch_bf16[:, :16] - ref[:, :16] + whole[:, :16].float().cpu(),
+        split[:, :heads].float().cpu(),
+        whole[:, :heads].float().cpu(),
+        torch_bf16[:, :heads] - ref[:, :heads] + whole[:, :heads].float().cpu(),
     )
 
 
@@ -332,7 +346,8 @@ def test_decode_split_sizes(device, engine, monkeypatch, rows):
     _check_decode(case, 8, f"{rows} rows per split")
 
 
-def test_decode_deterministic_and_batch_invariant(device, engine):
+@pytest.mark.parametrize("heads", [32, NARROW])
+def test_decode_deterministic_and_batch_invariant(device, engine, heads):
     """A token's output is bit-identical alone, in a batch, and run to run."""
     n_batch = 64 if device.type == "cuda" else 6
     batch = make_decode_case(
@@ -343,9 +358,9 @@ def test_decode_deterministic_and_batch_invariant(device, engine):
         lens=[128 - (i % 5) for i in range(n_batch + 1)],
         extra_lens=[512 - 37 * (i % 9) for i in range(n_batch + 1)],
     )
-    first, _ = batch.run(32)
-    again, _ = batch.run(32)
-    assert torch.equal(first[:, :32].view(torch.int16), again[:, :32].view(torch.int16))
+    first, _ = batch.run(heads)
+    again, _ = batch.run(heads)
+    assert torch.equal(first[:, :heads].view(torch.int16), again[:, :heads].view(torch.int16))
     t = n_batch // 2
     alone = DecodeCase(
         batch.q[t : t + 1].clone(),
@@ -357,33 +372,35 @@ def test_decode_deterministic_and_batch_invariant(device, engine):
         batch.extra_idx[t : t + 1].clone(),
         batch.extra_lens[t : t + 1].clone(),
     )
-    single, _ = alone.run(32)
-    assert torch.equal(single[0, :32].view(torch.int16), first[t, :32].view(torch.int16))
+    single, _ = alone.run(heads)
+    assert torch.equal(single[0, :heads].view(torch.int16), first[t, :heads].view(torch.int16))
 
 
 @pytest.mark.gpu
-def test_decode_replays_under_cuda_graph(device, engine):
+@pytest.mark.parametrize("heads", [32, 8])
+def test_decode_replays_under_cuda_graph(device, engine, heads):
     """DSpark decodes under full CUDA graphs: capture once, change the inputs in place,
     replay, and get what an eager call on the new inputs gives."""
     case = make_decode_case(8, 64, seed=31, device=device)
     out = torch.empty_like(case.q)
-    case.run(32, out=out)  # compile outside the capture
+    case.run(heads, out=out)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        case.run(32, out=out)
+        case.run(heads, out=out)
     fresh = make_decode_case(8, 64, seed=32, device=device)
     case.q.copy_(fresh.q)
     case.lens.copy_(torch.tensor([128, 3, 0, 77, 128, 128, 1, 64], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
-    eager, _ = case.run(32)
-    assert torch.equal(out[:, :32].view(torch.int16), eager[:, :32].view(torch.int16))
+    eager, _ = case.run(heads)
+    assert torch.equal(out[:, :heads].view(torch.int16), eager[:, :heads].view(torch.int16))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads", [64, 8])
 @pytest.mark.parametrize("T", [1, 16, 64, 256])
-def test_decode_production_shapes(device, engine, T):
+def test_decode_production_shapes(device, engine, T, heads):
     case = make_decode_case(
         T,
         64,
@@ -392,7 +409,7 @@ def test_decode_production_shapes(device, engine, T):
         lens=[128 - i % 3 for i in range(T)],
         extra_lens=[512 - i % 7 for i in range(T)],
     )
-    _check_decode(case, 64, f"production T={T}")
+    _check_decode(case, heads, f"production T={T}")
 
 
 # ------------------------------------------------------------------ prefill
@@ -550,14 +567,15 @@ def test_the_two_copies_of_the_fp8_decode_ptx_are_the_same():
 
 @pytest.mark.aot
 def test_tilelang_decode_fits_ampere():
-    """Every shipped TileLang decode variant compiles for sm_80 and sm_86 within 48 KB of
-    shared memory, without spills, and leaves room for two 256-thread CTAs per SM."""
+    """Every shipped TileLang decode variant (3 index widths, wide and narrow kernels)
+    compiles for sm_80 and sm_86 within 48 KB of shared memory, without spills, and
+    leaves room for two 256-thread CTAs per SM."""
     from deepinfer_sm80.ops.sparse_mla.tilelang_decode import fit_reports, shipped_variants
     from deepinfer_sm80.testing.ampere_fit import fit_violations, format_reports
 
     reports = fit_reports()
     print(format_reports(reports))
-    assert len(reports) == 2 * len(shipped_variants()) == 6
+    assert len(reports) == 2 * len(shipped_variants()) == 12
     assert fit_violations(reports) == []
     assert all(r.min_ctas_per_sm == 2 and r.threads == 256 for r in reports)
 
@@ -578,7 +596,7 @@ def test_tilelang_decode_aot_build_and_refusal(tmp_path, monkeypatch):
         monkeypatch.setattr(cache, "_memory_cache", {})
     assert tilelang_decode.main(["aot", str(tmp_path / "ok"), "--arches", "8.0 8.6"]) == 0
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
-    assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 6
+    assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 12
     assert any((tmp_path / "ok" / "tilelang").rglob("*")), "no TileLang cache entries written"
     # Three CTAs per SM caps registers at 80: the kernel spills (measured: 108 B on sm_80).
     monkeypatch.setattr(tilelang_decode, "MIN_CTAS_PER_SM", 3)
@@ -588,7 +606,8 @@ def test_tilelang_decode_aot_build_and_refusal(tmp_path, monkeypatch):
 
 
 @pytest.mark.aot
-def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch):
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
+def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch, narrow):
     """decode_sm80.cuh's static_assert ties its Smem struct to smem_bytes(), the size
     TileLang allocates: a formula that undercounts fails the build instead of overrunning
     shared memory. The shipped size compiles (test_tilelang_decode_fits_ampere)."""
@@ -597,7 +616,7 @@ def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch):
     from deepinfer_sm80.ops.sparse_mla import tilelang_decode
 
     # A split size nothing else compiles: this process's kernel cache cannot answer.
-    variant = tilelang_decode.DecodeVariant(128, 512, True, True, 176)
+    variant = tilelang_decode.DecodeVariant(128, 512, True, True, 176, narrow=narrow)
     real = tilelang_decode.DecodeVariant.smem_bytes
     monkeypatch.setattr(tilelang_decode.DecodeVariant, "smem_bytes", lambda v: real(v) - 8)
     with pytest.raises(Exception, match=r"smem_bytes\(\) is smaller than Smem"):

@@ -203,10 +203,10 @@ __device__ __forceinline__ void load_tile(TileBytes& b, const uint8_t* const* re
   }
 }
 
-// 16 e4m3 bytes -> 16 bf16 at dst (two 16-byte stores): raw, or for a scale byte past the
-// fold's range decoded in full at scale byte s - 64, both in the (4i, 4i+2), (4i+1, 4i+3)
-// pair order.
-__device__ __forceinline__ void store_chunk(uint16_t* dst, const uint4& v, uint32_t s) {
+// 16 e4m3 bytes -> 16 bf16 as two 16-byte halves lo (bytes 0-7) and hi (8-15): raw, or
+// for a scale byte past the fold's range decoded in full at scale byte s - 64, both in the
+// (4i, 4i+2), (4i+1, 4i+3) pair order.
+__device__ __forceinline__ void decode_chunk(const uint4& v, uint32_t s, uint4& lo, uint4& hi) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
   uint32_t o[8];
   if (s <= kFastMaxScale) {
@@ -216,15 +216,20 @@ __device__ __forceinline__ void store_chunk(uint16_t* dst, const uint4& v, uint3
     const uint32_t s4 = (s == 255u ? 255u : s - kFullDecodeShift) * 0x01010101u;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      uint32_t lo, hi;
-      e4m3x4_to_bf16x4(words[i], s4, lo, hi);
-      o[2 * i] = __byte_perm(lo, hi, 0x5410);
-      o[2 * i + 1] = __byte_perm(lo, hi, 0x7632);
+      uint32_t l, h;
+      e4m3x4_to_bf16x4(words[i], s4, l, h);
+      o[2 * i] = __byte_perm(l, h, 0x5410);
+      o[2 * i + 1] = __byte_perm(l, h, 0x7632);
     }
   }
+  lo = make_uint4(o[0], o[1], o[2], o[3]);
+  hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// decode_chunk's 16 bf16 to dst (two adjacent 16-byte stores).
+__device__ __forceinline__ void store_chunk(uint16_t* dst, const uint4& v, uint32_t s) {
   uint4* d = reinterpret_cast<uint4*>(dst);
-  d[0] = make_uint4(o[0], o[1], o[2], o[3]);
-  d[1] = make_uint4(o[4], o[5], o[6], o[7]);
+  decode_chunk(v, s, d[0], d[1]);
 }
 
 // The lane's share of the tile into the warp's bf16 slice ks (16 rows of kKsStride).
@@ -648,6 +653,445 @@ __device__ __forceinline__ void decode_cta(
       const int d = 8 * j + 2 * c;
       if (h_lo < num_heads) *reinterpret_cast<float2*>(p_lo + d) = make_float2(acc[j][0], acc[j][1]);
       if (h_hi < num_heads) *reinterpret_cast<float2*>(p_hi + d) = make_float2(acc[j][2], acc[j][3]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The narrow kernel: at most 8 heads per CTA (8 heads per rank, TP8), 32-row tiles.
+//
+// With 8 heads the kernel above pads its 16-head MMA rows with zeros: half of every MMA
+// and of the softmax is wasted. Here the MMAs run transposed, rows x heads:
+//   S^T[32 rows, 8 heads] = K[rows, dims] . Q^T   (A = the K slice, B = the query slice)
+//   O^T[64 dims, 8 heads] += V^T[dims, rows] . P^T
+// so m16n8k16's n = 8 is exactly the 8 heads. A warp's query slice is then 8 registers and
+// its accumulator 16 (instead of 16 and 32), which buys 32-row tiles -- half the barriers
+// per row -- within 128 registers. Per tile, warp w (still the owner of scale group w)
+//   1. decodes its 64 dims of the 32 rows into its bf16 slice (16-byte chunks XOR-swizzled
+//      by row, so ldmatrix and the stores are conflict-free without padding: the 32 KB of
+//      slices must leave room under 48 KB),
+//   2. computes S^T over its dims (two 16-row m-tiles, chains of 4 MMAs) and stores it,
+//   3. after one barrier, owns head w: lane l sums the 8 partials of row l in the same
+//      fixed tree, takes the row maximum with one redux.sync and writes P^T's column,
+//   4. after a second barrier, accumulates O^T over the tile's 32 rows (8 MMAs).
+// The split policy, the folded scales, the slow path for large scale bytes, the skipped
+// rows and the partials layout are the wide kernel's; the epilogue stages the output
+// through shared memory so that it is written with 16-byte (8-byte bf16) stores.
+// ---------------------------------------------------------------------------------------
+constexpr int kNarrowHeads = 8;
+constexpr int kNarrowRows = 32;
+constexpr int kStageStride = 516;  // fp32 per head of the output stage: 512 + 4, see below
+
+template <int kRowsPerSplit>
+struct SmemNarrow {
+  static constexpr int kPadded = (kRowsPerSplit + kNarrowRows - 1) / kNarrowRows * kNarrowRows;
+  union {
+    uint16_t ks[kWarps][kNarrowRows][64];  // decoded slices, see ks_at
+    float stage[kNarrowHeads][kStageStride];  // epilogue: the CTA's output, natural dim order
+  } u;
+  float sp[kWarps][kNarrowRows][kNarrowHeads];  // partial logits S^T, see sp_at
+  uint16_t ps[kNarrowHeads][kNarrowRows + 8];   // P (bf16) as [head][row], 8 pad: ldmatrix
+  float alpha[kNarrowHeads];                    // rescale per head; the final factor at the end
+  const uint8_t* rec[kPadded];                  // record addresses (nullptr = skip)
+  // Per group and row, in lane order (see lane_order): the scale byte (0 for a skipped
+  // row) and the folded factor's exponent field (127 for the RoPE group).
+  uint8_t scale[kNopeWarps][kPadded];
+  uint8_t field[kWarps][kPadded];
+  uint32_t valid[kPadded / 32];  // bit i: row i of the split is real
+};
+
+// Where row i of a split sits in the scale and field tables: within each 32-row tile,
+// row 8 k + r at 4 r + k. A lane's rows g, g + 8, g + 16, g + 24 (its decode and QK rows)
+// are then one 32-bit word at 4 g, and the PV rows 2c + 8 k and 2c + 1 + 8 k two words at
+// 8 c.
+__device__ __forceinline__ int lane_order(int i) { return (i & ~31) | ((i & 7) << 2) | ((i >> 3) & 3); }
+
+// Element offset of (row, 16-byte chunk) in a warp's 32 x 64 slice: chunk ^ (row % 8), so
+// the 8 rows of an ldmatrix matrix and a quarter-warp's stores hit 8 different bank groups.
+__device__ __forceinline__ int ks_at(int row, int chunk) { return row * 64 + 8 * (chunk ^ (row & 7)); }
+
+// Column of sp holding head h of row r: h ^ ((r / 4) % 8), so that the owner warp's lanes
+// (one row each, one head) read 32 different banks.
+__device__ __forceinline__ int sp_swizzle(int row) { return (row >> 2) & 7; }
+
+// Byte k of two exponent-field words (rows 2c + 8k and 2c + 1 + 8k) as the bf16x2 of
+// their factors: a power of two's bf16 is its exponent field << 7.
+__device__ __forceinline__ uint32_t factor_pair_bf16(uint2 fields, int k) {
+  return (__byte_perm(fields.x, fields.y, 0x7470 + 0x0101 * k) & 0x00FF00FFu) << 7;
+}
+
+template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
+          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes>
+__device__ __forceinline__ void decode_cta_narrow(
+    int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
+    int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
+    int64_t part_acc_addr, int64_t part_ml_addr, int64_t main_addr, int64_t main_stride,
+    int main_rows, int main_bs, int64_t main_idx_addr, int64_t main_idx_stride,
+    int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride, int extra_rows, int extra_bs,
+    int64_t extra_idx_addr, int64_t extra_idx_stride, int64_t extra_len_addr, int64_t sink_addr,
+    float scale_log2, int num_heads, uint8_t* smem_raw) {
+  static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole 16-row steps");
+  static_assert(kPrefetch == 1, "the narrow kernel keeps one tile in flight");
+  using S = SmemNarrow<kRowsPerSplit>;
+  static_assert(sizeof(S) <= kSmemBytes, "smem_bytes() is smaller than SmemNarrow");
+  auto& sm = *reinterpret_cast<S*>(smem_raw);
+  const int64_t t = blockIdx.x;
+  const int head0 = blockIdx.y * kNarrowHeads;
+  const int split = blockIdx.z;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int c = lane & 3;
+  const bool nope = warp < kNopeWarps;
+
+  int main_len = kMainWidth;
+  if (kHasLen) {
+    main_len = reinterpret_cast<const int*>(main_len_addr)[t];
+    main_len = min(max(main_len, 0), kMainWidth);
+  }
+  int extra_len = 0;
+  if (kHasExtra) {
+    extra_len = reinterpret_cast<const int*>(extra_len_addr)[t];
+    extra_len = min(max(extra_len, 0), kExtraWidth);
+  }
+  const int total = main_len + extra_len;
+  const int n_splits = max((total + kRowsPerSplit - 1) / kRowsPerSplit, 1);
+  if (split >= n_splits) return;
+  // The wide kernel's even split (16-row granules): a split may end inside a 32-row tile,
+  // whose rows past it are masked out like skipped rows.
+  const int split_rows = ((total + n_splits - 1) / n_splits + kRows - 1) / kRows * kRows;
+  const int r_begin = split * split_rows;
+  const int r_end = min(r_begin + split_rows, total);
+
+  // The query slice as B fragments (k = 16, n = 8 heads: lane holds head g and the
+  // k-step's k indices 2c, 2c + 1 in qb[kk][0], 8 + 2c, 9 + 2c in qb[kk][1]).
+  //   NoPE warps feed QK's A fragments straight from the decoded registers (see the tile
+  //   loop), so their k order is the lane's own: k-step kk of lane c is dims
+  //   16c + 4kk + {0, 2} (qb[kk][0]) and {1, 3} (qb[kk][1]), times 2^64.
+  //   The RoPE warp reads K with ldmatrix: dims 16kk + 2c, +1 and 16kk + 8 + 2c, +1.
+  uint32_t qw[4][2];
+  {
+    const bool ok = head0 + g < num_heads;
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(q_addr) + t * q_stride_t + 64 * warp +
+                        static_cast<int64_t>(head0 + g) * q_stride_h;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint16_t* p0 = q + (nope ? 16 * c + 4 * kk : 16 * kk + 2 * c);
+      const uint16_t* p1 = p0 + (nope ? 2 : 8);
+      qw[kk][0] = ok ? *reinterpret_cast<const uint32_t*>(p0) : 0u;
+      qw[kk][1] = ok ? *reinterpret_cast<const uint32_t*>(p1) : 0u;
+    }
+  }
+
+  // Resolve the split's rows once, as the wide kernel does (rows past the split or the
+  // token are skipped rows here too, up to the last tile's end).
+  constexpr int kResolveRounds = (S::kPadded + kWarps * 32 - 1) / (kWarps * 32);
+  uint2 scale_bytes[kResolveRounds];
+#pragma unroll
+  for (int k = 0; k < kResolveRounds; ++k) {
+    const int i = k * kWarps * 32 + threadIdx.x;
+    const int r = r_begin + i;
+    const uint8_t* rec = nullptr;
+    scale_bytes[k] = make_uint2(0u, 0u);
+    if (i < S::kPadded && r < r_end) {
+      const bool is_main = r < main_len;
+      int slot;
+      const uint8_t* base;
+      int64_t stride;
+      int bs, rows;
+      if (is_main) {
+        slot = reinterpret_cast<const int*>(main_idx_addr)[t * main_idx_stride + r];
+        base = reinterpret_cast<const uint8_t*>(main_addr);
+        stride = main_stride;
+        bs = main_bs;
+        rows = main_rows;
+      } else {
+        slot = reinterpret_cast<const int*>(extra_idx_addr)[t * extra_idx_stride + (r - main_len)];
+        base = reinterpret_cast<const uint8_t*>(extra_addr);
+        stride = extra_stride;
+        bs = extra_bs;
+        rows = extra_rows;
+      }
+      if (slot >= 0 && slot < rows) {
+        const uint8_t* page = base + static_cast<int64_t>(slot / bs) * stride;
+        const int within = slot % bs;
+        rec = page + static_cast<int64_t>(within) * kRecordBytes;
+        scale_bytes[k] = __ldg(reinterpret_cast<const uint2*>(
+            page + static_cast<int64_t>(bs) * kRecordBytes + within * 8));
+      }
+    }
+    if (i < S::kPadded) sm.rec[i] = rec;
+    const uint32_t real = __ballot_sync(0xffffffffu, rec != nullptr);
+    if (lane == 0 && i < S::kPadded) sm.valid[i >> 5] = real;
+  }
+
+  float acc[4][4];  // O^T: m-tile mt holds dims 16 mt + g (+ 8), heads 2c, 2c + 1
+#pragma unroll
+  for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  // Owner state: warp w owns head w, lane l row l of each tile; l_run is the lane's share
+  // of the denominator until the loop ends.
+  float m_run = kNegBig;
+  float l_run = 0.f;
+  const bool owns_real_head = head0 + warp < num_heads;
+  if (!owns_real_head) {
+    sm.ps[warp][lane] = 0;
+    if (lane == 0) sm.alpha[warp] = 1.f;
+  }
+
+  __syncthreads();  // sm.rec / sm.valid are complete
+
+  uint32_t qb[4][2];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if (nope) {  // qw[kk] = dims (0, 1), (2, 3) of the 4-dim block: pair (0, 2) and (1, 3)
+      qb[kk][0] = mul_bf16x2(__byte_perm(qw[kk][0], qw[kk][1], 0x5410), kQBiasBf16x2);
+      qb[kk][1] = mul_bf16x2(__byte_perm(qw[kk][0], qw[kk][1], 0x7632), kQBiasBf16x2);
+    } else {
+      qb[kk][0] = qw[kk][0];
+      qb[kk][1] = qw[kk][1];
+    }
+  }
+
+  uint16_t* ks = &sm.u.ks[warp][0][0];
+  // The next tile's bytes, in flight during a tile's math. NoPE lane: 16-byte chunk
+  // lane % 4 of rows lane / 4 + 8 i (i < 4); RoPE lane: chunk lane % 8 of rows
+  // lane / 8 + 4 i (i < 8), as in the wide kernel's TileBytes.
+  uint4 buf[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) buf[i] = make_uint4(0u, 0u, 0u, 0u);
+  auto load = [&](int i0) {
+    if (nope) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t* r = sm.rec[i0 + (lane >> 2) + 8 * i];
+        if (r != nullptr) buf[i] = __ldg(reinterpret_cast<const uint4*>(r + 64 * warp + 16 * (lane & 3)));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint8_t* r = sm.rec[i0 + (lane >> 3) + 4 * i];
+        if (r != nullptr) buf[i] = __ldg(reinterpret_cast<const uint4*>(r + 448 + 16 * (lane & 7)));
+      }
+    }
+  };
+  load(0);
+#pragma unroll
+  for (int k = 0; k < kResolveRounds; ++k) {
+    const int i = k * kWarps * 32 + threadIdx.x;
+    if (i < S::kPadded) {
+      const int at = lane_order(i);
+#pragma unroll
+      for (int grp = 0; grp < kNopeWarps; ++grp) {
+        const uint32_t word = grp < 4 ? scale_bytes[k].x : scale_bytes[k].y;
+        const uint32_t byte = (word >> (8 * (grp & 3))) & 0xFFu;
+        sm.scale[grp][at] = static_cast<uint8_t>(byte);
+        sm.field[grp][at] = static_cast<uint8_t>(factor_field(byte));
+      }
+      sm.field[kNopeWarps][at] = static_cast<uint8_t>(kUnitField);
+    }
+  }
+  __syncthreads();  // sm.scale and sm.field are complete
+
+  for (int r0 = r_begin; r0 < r_end; r0 += kNarrowRows) {
+    const int i0 = r0 - r_begin;  // a multiple of 32: whole words of sm.valid
+    const uint32_t valid = sm.valid[i0 >> 5];
+
+    // This lane's scale bytes and exponent fields: rows g + 8i (byte i; decode and QK)
+    // and, for PV, rows 2c + 8k (fields.x byte k) and 2c + 1 + 8k (fields.y byte k).
+    const uint32_t scales = nope ? *reinterpret_cast<const uint32_t*>(&sm.scale[warp][i0 + 4 * g]) : 0u;
+    const uint32_t qk_fields = *reinterpret_cast<const uint32_t*>(&sm.field[warp][i0 + 4 * g]);
+    const uint2 pv_fields = *reinterpret_cast<const uint2*>(&sm.field[warp][i0 + 8 * c]);
+
+    // 1. Decode into the slice and 2. S^T over this warp's 64 dims (m-tiles of rows 0-15
+    // and 16-31, 4 k-steps each).
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if (nope) {
+      // The lane's decoded rows g + 8i stay in kw: m-tile mt's rows g and g + 8 are rows
+      // 2mt and 2mt + 1, and k-step kk is their words 2kk (k = 2c, 2c + 1) and 2kk + 1
+      // (k = 8 + 2c, 9 + 2c), so QK's A fragments need no shared-memory round trip.
+      uint32_t kw[4][8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * i;
+        uint4 lo, hi;
+        decode_chunk(buf[i], (scales >> (8 * i)) & 0xFFu, lo, hi);
+        *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c)) = lo;
+        *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c + 1)) = hi;
+        kw[i][0] = lo.x, kw[i][1] = lo.y, kw[i][2] = lo.z, kw[i][3] = lo.w;
+        kw[i][4] = hi.x, kw[i][5] = hi.y, kw[i][6] = hi.z, kw[i][7] = hi.w;
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const uint32_t a[4] = {kw[2 * mt][2 * kk], kw[2 * mt + 1][2 * kk],
+                                 kw[2 * mt][2 * kk + 1], kw[2 * mt + 1][2 * kk + 1]};
+          mma_bf16(s[mt], a, qb[kk][0], qb[kk][1]);
+        }
+      }
+    } else {
+      // The RoPE warp's lanes hold whole 128-byte rows per 8 lanes: through shared
+      // memory and ldmatrix, all eight first, then the two chains interleaved.
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int row = (lane >> 3) + 4 * i;
+        *reinterpret_cast<uint4*>(ks + ks_at(row, lane & 7)) = buf[i];
+      }
+      __syncwarp();
+      uint32_t ka[2][4][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          ldsm_x4(ka[mt][kk],
+                  ks + ks_at(16 * mt + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * kk + (lane >> 4)));
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) mma_bf16(s[mt], ka[mt][kk], qb[kk][0], qb[kk][1]);
+      }
+    }
+    // The tile's bytes are used up: refill the buffer with the next tile (after QK, so
+    // that the buffer and QK's 32 fragment registers are not live at once).
+    if (r0 + kNarrowRows < r_end) load(i0 + kNarrowRows);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // rows 16 mt + g (+ 8), heads 2c and 2c + 1
+        const int row = 16 * mt + g + 8 * half;
+        const uint32_t field = (qk_fields >> (8 * (2 * mt + half))) & 0xFFu;
+        const float f = __uint_as_float(field << 23);
+        const float v0 = s[mt][2 * half] * f;
+        const float v1 = s[mt][2 * half + 1] * f;
+        const int sw = sp_swizzle(row);
+        // head 2c lands at column 2c ^ sw: the pair stays in one aligned float2, swapped
+        // when sw is odd
+        *reinterpret_cast<float2*>(&sm.sp[warp][row][(2 * c) ^ (sw & 6)]) =
+            (sw & 1) ? make_float2(v1, v0) : make_float2(v0, v1);
+      }
+    }
+    __syncthreads();
+
+    // 3. Owner of head `warp`: row `lane`'s full logit, the running maximum, P^T.
+    if (owns_real_head) {
+      const int col = warp ^ sp_swizzle(lane);
+      float part[kWarps];
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) part[w] = sm.sp[w][lane][col];
+      float x = ((part[0] + part[1]) + (part[2] + part[3])) +
+                ((part[4] + part[5]) + (part[6] + part[7]));
+      x = ((valid >> lane) & 1u) ? x * scale_log2 : -INFINITY;
+      const float mx = from_order_key(__reduce_max_sync(0xffffffffu, order_key(x)));
+      const float m_new = fmaxf(m_run, mx);
+      const float alpha = fast_exp2(m_run - m_new);
+      const float p = fast_exp2(x - m_new);
+      l_run = l_run * alpha + p;
+      m_run = m_new;
+      const __nv_bfloat16 pb = __float2bfloat16_rn(p);
+      sm.ps[warp][lane] = *reinterpret_cast<const uint16_t*>(&pb);
+      if (lane == 0) sm.alpha[warp] = alpha;
+    }
+    __syncthreads();
+
+    // 4. O^T = O^T * alpha + V^T . P^T over the tile's two 16-row k-steps.
+    {
+      const float2 a = *reinterpret_cast<const float2*>(&sm.alpha[2 * c]);
+      if (!__all_sync(0xffffffffu, a.x == 1.f && a.y == 1.f)) {
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          acc[mt][0] *= a.x;
+          acc[mt][1] *= a.y;
+          acc[mt][2] *= a.x;
+          acc[mt][3] *= a.y;
+        }
+      }
+      // B fragments of both k-steps: P[head g][rows 2c, 2c+1 | 8+2c, 9+2c | 16+.. | 24+..],
+      // each pair times its rows' folded factors.
+      uint32_t pb[4];
+      ldsm_x4(pb, &sm.ps[lane & 7][8 * (lane >> 3)]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pb[j] = mul_bf16x2(pb[j], factor_pair_bf16(pv_fields, j));
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          uint32_t va[4];
+          ldsm_x4_trans(va, ks + ks_at(16 * k + (lane & 7) + 8 * (lane >> 4),
+                                       2 * mt + ((lane >> 3) & 1)));
+          mma_bf16(acc[mt], va, pb[2 * k], pb[2 * k + 1]);
+        }
+      }
+    }
+    __syncwarp();  // this warp's reads of its slice are done before the next tile's stores
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, off);
+
+  __syncthreads();  // every slice read and the last tile's alpha are done: stage the output
+  // acc[mt][0..3] = O^T at slice column 16 mt + g (+ 8 for [2], [3]), heads 2c, 2c + 1. A
+  // NoPE column j holds dim (j & ~3) | (j & 1) << 1 | (j >> 1) & 1 (the raw decode's pair
+  // order) and is out x 2^-64. Head rows 2c of the stage are 2 x 516 floats apart: the
+  // 32 lanes' stores hit 32 banks.
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int j = 16 * mt + g + 8 * half;
+      const int d = 64 * warp + (nope ? ((j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1)) : j);
+      const float unbias = nope ? kAccUnbias : 1.f;
+      sm.u.stage[2 * c][d] = acc[mt][2 * half] * unbias;
+      sm.u.stage[2 * c + 1][d] = acc[mt][2 * half + 1] * unbias;
+    }
+  }
+  const int64_t h = head0 + warp;  // the owner warp's head, and the head this warp writes
+  const bool real = h < num_heads;
+  if (n_splits == 1) {
+    // Owner: normalization (sink in the denominator only) and lse, natural log.
+    if (lane == 0) {
+      const bool has_rows = l_run > 0.f;
+      const float lse = has_rows ? (m_run + log2f(l_run)) / kLog2e : -INFINITY;
+      float alpha = 1.f;
+      float den = l_run;
+      if (kHasSink) {
+        const float sink = real ? reinterpret_cast<const float*>(sink_addr)[h] * kLog2e : 0.f;
+        const float m_f = fmaxf(m_run, sink);
+        alpha = exp2f(m_run - m_f);
+        den = l_run * alpha + exp2f(sink - m_f);
+      }
+      if (!(den > 0.f)) den = 1.f;  // no rows and no sink: output 0
+      sm.alpha[warp] = alpha / den;
+      if (real) lse_ptr[t * lse_stride_t + h] = lse;
+    }
+    __syncthreads();
+    if (real) {
+      const float f = sm.alpha[warp];
+      __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(out_addr) + t * out_stride_t + h * out_stride_h;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int d = 128 * k + 4 * lane;
+        const float4 v = *reinterpret_cast<const float4*>(&sm.u.stage[warp][d]);
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * f, v.y * f);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * f, v.w * f);
+        *reinterpret_cast<uint2*>(out + d) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                                                        *reinterpret_cast<const uint32_t*>(&hi));
+      }
+    }
+  } else {
+    if (lane == 0 && real) {
+      float* ml = reinterpret_cast<float*>(part_ml_addr) + ((t * num_heads + h) * kMaxSplits + split) * 2;
+      ml[0] = m_run;
+      ml[1] = l_run;
+    }
+    __syncthreads();
+    if (real) {
+      float* part = reinterpret_cast<float*>(part_acc_addr) + ((t * num_heads + h) * kMaxSplits + split) * 512;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int d = 128 * k + 4 * lane;
+        *reinterpret_cast<float4*>(part + d) = *reinterpret_cast<const float4*>(&sm.u.stage[warp][d]);
+      }
     }
   }
 }

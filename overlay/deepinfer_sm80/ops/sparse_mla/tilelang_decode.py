@@ -31,8 +31,12 @@ from deepinfer_sm80.ops.mhc.compile import get_kernel
 DSPARK_SWA_WIDTH_K5 = 192  # vLLM: round_up(window 128 + K 5, 64)
 
 THREADS = 256  # 8 warps: one per 64-dim scale group
-HEADS_PER_CTA = 16
-ROWS_PER_TILE = 16
+HEADS_PER_CTA = 16  # the wide kernel, decode_cta
+ROWS_PER_TILE = 16  # its tile, and the granule of every split
+# The narrow kernel (decode_cta_narrow) serves 8 heads or fewer per rank (TP8): MMAs
+# transposed so that n = 8 heads, 32-row tiles.
+NARROW_HEADS = 8
+NARROW_ROWS = 32
 SOURCE_FILE = Path(__file__).with_name("decode_sm80.cuh")
 # Two CTAs per SM on sm_80 and sm_86: 128 registers per thread at most.
 MIN_CTAS_PER_SM = 2
@@ -48,12 +52,21 @@ class DecodeVariant:
     has_sink: bool
     rows_per_split: int
     prefetch: int = 1  # tiles whose loads are in flight ahead of the one computed (1 or 2)
+    narrow: bool = False  # decode_cta_narrow: at most NARROW_HEADS heads per rank
 
     def __post_init__(self) -> None:
         if self.rows_per_split % ROWS_PER_TILE:
             raise ValueError(
                 f"rows_per_split: must be a multiple of {ROWS_PER_TILE}, got {self.rows_per_split}"
             )
+        if self.narrow and self.prefetch != 1:
+            raise ValueError(
+                f"prefetch: the narrow kernel keeps 1 tile in flight, not {self.prefetch}"
+            )
+
+    @property
+    def heads_per_cta(self) -> int:
+        return NARROW_HEADS if self.narrow else HEADS_PER_CTA
 
     @property
     def has_extra(self) -> bool:
@@ -68,7 +81,7 @@ class DecodeVariant:
         flags = ("" if self.has_len else ",nolen") + ("" if self.has_sink else ",nosink")
         return (
             f"sparse_mla.decode_tl[{self.main_width}+{self.extra_width},"
-            f"r{self.rows_per_split},p{self.prefetch}{flags}]"
+            f"r{self.rows_per_split},p{self.prefetch}{flags}{',h8' if self.narrow else ''}]"
         )
 
     @property
@@ -79,9 +92,19 @@ class DecodeVariant:
         return THREADS
 
     def smem_bytes(self) -> int:
-        """``sizeof(Smem<rows_per_split>)`` in decode_sm80.cuh (the kernel's static_assert
-        refuses to compile if this is smaller)."""
+        """``sizeof(Smem<rows_per_split>)`` (``SmemNarrow`` for the narrow kernel) in
+        decode_sm80.cuh (the kernel's static_assert refuses to compile if this is smaller)."""
         rps = self.rows_per_split
+        if self.narrow:
+            padded = -(-rps // NARROW_ROWS) * NARROW_ROWS
+            slices = 8 * NARROW_ROWS * 64 * 2  # shares its space with the output stage
+            stage = NARROW_HEADS * 516 * 4
+            sp = 8 * NARROW_ROWS * NARROW_HEADS * 4
+            ps = NARROW_HEADS * (NARROW_ROWS + 8) * 2
+            alpha = NARROW_HEADS * 4
+            tables = 8 * padded + 7 * padded + 8 * padded  # records, scales, fields
+            size = max(slices, stage) + sp + ps + alpha + tables + padded // 8
+            return -(-size // 8) * 8
         ks = 8 * ROWS_PER_TILE * 72 * 2
         sp = 8 * HEADS_PER_CTA * ROWS_PER_TILE * 4
         ps = HEADS_PER_CTA * 24 * 2
@@ -96,7 +119,8 @@ class DecodeVariant:
     def callee(self) -> str:
         b = {True: "true", False: "false"}
         return (
-            f"deepinfer_mla::decode_cta<{self.main_width}, {self.extra_width}, "
+            f"deepinfer_mla::{'decode_cta_narrow' if self.narrow else 'decode_cta'}"
+            f"<{self.main_width}, {self.extra_width}, "
             f"{b[self.has_extra]}, {b[self.has_len]}, {b[self.has_sink]}, "
             f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}>"
         )
@@ -113,6 +137,7 @@ class DecodeVariant:
         smem = self.smem_bytes()
         callee = self.callee()
         max_splits = self.max_splits
+        heads_per_cta = self.heads_per_cta
 
         @T.prim_func
         def kernel(
@@ -145,7 +170,7 @@ class DecodeVariant:
         ):
             with T.Kernel(
                 num_tokens,
-                T.ceildiv(num_heads, HEADS_PER_CTA),
+                T.ceildiv(num_heads, heads_per_cta),
                 max_splits,
                 threads=THREADS,
             ) as (_, _, _):
@@ -216,7 +241,8 @@ def shipped_variants() -> list[DecodeVariant]:
     cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
     rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
     return [
-        DecodeVariant(main, extra, True, True, rps, prefetch)
+        DecodeVariant(main, extra, True, True, rps, 1 if narrow else prefetch, narrow)
+        for narrow in (False, True)
         for main, extra in ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
     ]
 
@@ -335,7 +361,8 @@ def launch(
         has_len=main_len is not None,
         has_sink=attn_sink is not None,
         rows_per_split=rows_per_split,
-        prefetch=prefetch,
+        prefetch=1 if heads <= NARROW_HEADS else prefetch,
+        narrow=heads <= NARROW_HEADS,
     )
     if variant not in _seen:
         # A variant warmup did not build compiles on first use (about 2 s, with nvcc):

@@ -203,24 +203,38 @@ __device__ __forceinline__ void load_tile(TileBytes& b, const uint8_t* const* re
   }
 }
 
+// 16 e4m3 bytes -> 16 raw bf16 (see the header) as two 16-byte halves lo (bytes 0-7)
+// and hi (8-15), in the (4i, 4i+2), (4i+1, 4i+3) pair order. No branch: a tile whose
+// scale bytes are all in the fold's range decodes all its chunks this way, interleaved.
+__device__ __forceinline__ void raw_chunk(const uint4& v, uint4& lo, uint4& hi) {
+  e4m3x4_to_raw_bf16(v.x, lo.x, lo.y);
+  e4m3x4_to_raw_bf16(v.y, lo.z, lo.w);
+  e4m3x4_to_raw_bf16(v.z, hi.x, hi.y);
+  e4m3x4_to_raw_bf16(v.w, hi.z, hi.w);
+}
+
+// True when all four scale bytes of s4 are in the fold's range (<= kFastMaxScale).
+__device__ __forceinline__ bool all_fold(uint32_t s4) {
+  return __vcmpleu4(s4, kFastMaxScale * 0x01010101u) == 0xFFFFFFFFu;
+}
+
 // 16 e4m3 bytes -> 16 bf16 as two 16-byte halves lo (bytes 0-7) and hi (8-15): raw, or
 // for a scale byte past the fold's range decoded in full at scale byte s - 64, both in the
 // (4i, 4i+2), (4i+1, 4i+3) pair order.
 __device__ __forceinline__ void decode_chunk(const uint4& v, uint32_t s, uint4& lo, uint4& hi) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-  uint32_t o[8];
   if (s <= kFastMaxScale) {
+    raw_chunk(v, lo, hi);
+    return;
+  }
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  const uint32_t s4 = (s == 255u ? 255u : s - kFullDecodeShift) * 0x01010101u;
+  uint32_t o[8];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) e4m3x4_to_raw_bf16(words[i], o[2 * i], o[2 * i + 1]);
-  } else {
-    const uint32_t s4 = (s == 255u ? 255u : s - kFullDecodeShift) * 0x01010101u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint32_t l, h;
-      e4m3x4_to_bf16x4(words[i], s4, l, h);
-      o[2 * i] = __byte_perm(l, h, 0x5410);
-      o[2 * i + 1] = __byte_perm(l, h, 0x7632);
-    }
+  for (int i = 0; i < 4; ++i) {
+    uint32_t l, h;
+    e4m3x4_to_bf16x4(words[i], s4, l, h);
+    o[2 * i] = __byte_perm(l, h, 0x5410);
+    o[2 * i + 1] = __byte_perm(l, h, 0x7632);
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
   hi = make_uint4(o[4], o[5], o[6], o[7]);
@@ -237,10 +251,21 @@ __device__ __forceinline__ void store_chunk(uint16_t* dst, const uint4& v, uint3
 __device__ __forceinline__ void store_tile(uint16_t* ks, const TileBytes& b, const uint8_t* scale,
                                            int warp, int lane) {
   if (warp < kNopeWarps) {
+    const uint32_t s0 = scale[lane >> 2], s1 = scale[(lane >> 2) + 8];
+    // One warp-wide choice per tile: the per-chunk branch would keep ptxas from
+    // interleaving the chunks' decodes.
+    if (__all_sync(0xffffffffu, max(s0, s1) <= kFastMaxScale)) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = (lane >> 2) + 8 * i;
-      store_chunk(ks + row * kKsStride + 16 * (lane & 3), b.v[i], scale[row]);
+      for (int i = 0; i < 2; ++i) {
+        uint4* d = reinterpret_cast<uint4*>(ks + ((lane >> 2) + 8 * i) * kKsStride + 16 * (lane & 3));
+        raw_chunk(b.v[i], d[0], d[1]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = (lane >> 2) + 8 * i;
+        store_chunk(ks + row * kKsStride + 16 * (lane & 3), b.v[i], i == 0 ? s0 : s1);
+      }
     }
   } else {
 #pragma unroll
@@ -909,12 +934,19 @@ __device__ __forceinline__ void decode_cta_narrow(
       // The lane's decoded rows g + 8i stay in kw: m-tile mt's rows g and g + 8 are rows
       // 2mt and 2mt + 1, and k-step kk is their words 2kk (k = 2c, 2c + 1) and 2kk + 1
       // (k = 8 + 2c, 9 + 2c), so QK's A fragments need no shared-memory round trip.
+      // One warp-wide choice per tile between the branch-free raw decode and the
+      // per-chunk one (a branch per chunk would keep ptxas from interleaving them).
       uint32_t kw[4][8];
+      const bool fold = __all_sync(0xffffffffu, all_fold(scales));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int row = g + 8 * i;
         uint4 lo, hi;
-        decode_chunk(buf[i], (scales >> (8 * i)) & 0xFFu, lo, hi);
+        if (fold) {
+          raw_chunk(buf[i], lo, hi);
+        } else {
+          decode_chunk(buf[i], (scales >> (8 * i)) & 0xFFu, lo, hi);
+        }
         *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c)) = lo;
         *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c + 1)) = hi;
         kw[i][0] = lo.x, kw[i][1] = lo.y, kw[i][2] = lo.z, kw[i][3] = lo.w;

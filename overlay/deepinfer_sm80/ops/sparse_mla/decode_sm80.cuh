@@ -318,30 +318,8 @@ __device__ __forceinline__ void decode_cta(
   const int g = lane >> 2;  // MMA fragment row group
   const int c = lane & 3;   // MMA fragment column pair
 
-  // The token's rows per cache and its split count (lengths kept within the index widths,
-  // as token_rows in triton_kernel.py does).
-  int main_len = kMainWidth;
-  if (kHasLen) {
-    main_len = reinterpret_cast<const int*>(main_len_addr)[t];
-    main_len = min(max(main_len, 0), kMainWidth);
-  }
-  int extra_len = 0;
-  if (kHasExtra) {
-    extra_len = reinterpret_cast<const int*>(extra_len_addr)[t];
-    extra_len = min(max(extra_len, 0), kExtraWidth);
-  }
-  const int total = main_len + extra_len;
-  const int n_splits = max((total + kRowsPerSplit - 1) / kRowsPerSplit, 1);
-  if (split >= n_splits) return;
-  // The rows are dealt evenly over the splits (whole tiles; at most kRowsPerSplit, since
-  // n_splits * kRowsPerSplit >= total): 640 rows are 4 x 160, not 3 x 192 + 64, so the
-  // longest CTA of a token -- its latency at small batches -- has 10 tiles, not 12, and
-  // the waves of a large batch are even. Still a function of the token's own rows only.
-  const int split_rows = ((total + n_splits - 1) / n_splits + kRows - 1) / kRows * kRows;
-  const int r_begin = split * split_rows;
-  const int r_end = min(r_begin + split_rows, total);
-
-  // This warp's query slice as MMA A fragments: 4 k-steps of 16 dims, heads g and g + 8.
+  // Loaded before the lengths are known (the loads overlap): this warp's query slice as
+  // MMA A fragments: 4 k-steps of 16 dims, heads g and g + 8.
   // NoPE warps: in the tile's pair order (lane c holds dims b + (c & 1) and b + 2 + (c & 1)
   // of the 4-dim block b = 16 kk + 4 (c >> 1)) and times 2^64. The raw words are loaded
   // here and rearranged after the index loads below, so both loads are in flight at once.
@@ -365,6 +343,29 @@ __device__ __forceinline__ void decode_cta(
       }
     }
   }
+
+  // The token's rows per cache and its split count (lengths kept within the index widths,
+  // as token_rows in triton_kernel.py does).
+  int main_len = kMainWidth;
+  if (kHasLen) {
+    main_len = reinterpret_cast<const int*>(main_len_addr)[t];
+    main_len = min(max(main_len, 0), kMainWidth);
+  }
+  int extra_len = 0;
+  if (kHasExtra) {
+    extra_len = reinterpret_cast<const int*>(extra_len_addr)[t];
+    extra_len = min(max(extra_len, 0), kExtraWidth);
+  }
+  const int total = main_len + extra_len;
+  const int n_splits = max((total + kRowsPerSplit - 1) / kRowsPerSplit, 1);
+  if (split >= n_splits) return;
+  // The rows are dealt evenly over the splits (whole tiles; at most kRowsPerSplit, since
+  // n_splits * kRowsPerSplit >= total): 640 rows are 4 x 160, not 3 x 192 + 64, so the
+  // longest CTA of a token -- its latency at small batches -- has 10 tiles, not 12, and
+  // the waves of a large batch are even. Still a function of the token's own rows only.
+  const int split_rows = ((total + n_splits - 1) / n_splits + kRows - 1) / kRows * kRows;
+  const int r_begin = split * split_rows;
+  const int r_end = min(r_begin + split_rows, total);
 
   // Resolve the split's rows once: record addresses (nullptr for a skipped row), a bit
   // mask of the real rows, and each row's 8 scale bytes -- loaded here, stored to shared
@@ -769,26 +770,8 @@ __device__ __forceinline__ void decode_cta_narrow(
   const int c = lane & 3;
   const bool nope = warp < kNopeWarps;
 
-  int main_len = kMainWidth;
-  if (kHasLen) {
-    main_len = reinterpret_cast<const int*>(main_len_addr)[t];
-    main_len = min(max(main_len, 0), kMainWidth);
-  }
-  int extra_len = 0;
-  if (kHasExtra) {
-    extra_len = reinterpret_cast<const int*>(extra_len_addr)[t];
-    extra_len = min(max(extra_len, 0), kExtraWidth);
-  }
-  const int total = main_len + extra_len;
-  const int n_splits = max((total + kRowsPerSplit - 1) / kRowsPerSplit, 1);
-  if (split >= n_splits) return;
-  // The wide kernel's even split (16-row granules): a split may end inside a 32-row tile,
-  // whose rows past it are masked out like skipped rows.
-  const int split_rows = ((total + n_splits - 1) / n_splits + kRows - 1) / kRows * kRows;
-  const int r_begin = split * split_rows;
-  const int r_end = min(r_begin + split_rows, total);
-
-  // The query slice as B fragments (k = 16, n = 8 heads: lane holds head g and the
+  // Loaded before the lengths are known (the loads overlap): the query slice as B
+  // fragments (k = 16, n = 8 heads: lane holds head g and the
   // k-step's k indices 2c, 2c + 1 in qb[kk][0], 8 + 2c, 9 + 2c in qb[kk][1]).
   //   NoPE warps feed QK's A fragments straight from the decoded registers (see the tile
   //   loop), so their k order is the lane's own: k-step kk of lane c is dims
@@ -807,6 +790,25 @@ __device__ __forceinline__ void decode_cta_narrow(
       qw[kk][1] = ok ? *reinterpret_cast<const uint32_t*>(p1) : 0u;
     }
   }
+
+  int main_len = kMainWidth;
+  if (kHasLen) {
+    main_len = reinterpret_cast<const int*>(main_len_addr)[t];
+    main_len = min(max(main_len, 0), kMainWidth);
+  }
+  int extra_len = 0;
+  if (kHasExtra) {
+    extra_len = reinterpret_cast<const int*>(extra_len_addr)[t];
+    extra_len = min(max(extra_len, 0), kExtraWidth);
+  }
+  const int total = main_len + extra_len;
+  const int n_splits = max((total + kRowsPerSplit - 1) / kRowsPerSplit, 1);
+  if (split >= n_splits) return;
+  // The wide kernel's even split (16-row granules): a split may end inside a 32-row tile,
+  // whose rows past it are masked out like skipped rows.
+  const int split_rows = ((total + n_splits - 1) / n_splits + kRows - 1) / kRows * kRows;
+  const int r_begin = split * split_rows;
+  const int r_end = min(r_begin + split_rows, total);
 
   // Resolve the split's rows once, as the wide kernel does (rows past the split or the
   // token are skipped rows here too, up to the last tile's end).

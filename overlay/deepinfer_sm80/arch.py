@@ -98,12 +98,15 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
         constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 128), ("PREFETCH", 0)),
     ),
     # The TileLang decode (ops/sparse_mla/decode_sm80.cuh): 8 warps, a fixed tile of 16
-    # heads x 16 rows (BLOCK_H/BLOCK_N state it; launch() refuses other values). Knobs:
+    # heads x 16 rows (BLOCK_H/BLOCK_N state it; launch() refuses other values). With 8
+    # heads per rank or fewer its narrow kernel runs instead (8 heads x 32 rows, fixed in
+    # tilelang_decode.py; same split policy, PREFETCH 1). Knobs:
     # ROWS_PER_SPLIT (a token's split count is ceil(rows / ROWS_PER_SPLIT); the kernel
-    # deals the rows evenly over them, in whole tiles) and PREFETCH (tiles of loads in
-    # flight: 1 or 2; 2 measured no faster on the H200). 122 registers, 36.5 KB shared
-    # memory on sm_80/sm_86. 192 (640 rows: 4 splits of 160), measured on the H200 with
-    # the even split (NVIDIA_H200.decode_tilelang_s8_experiments.log). Against 128: 3-5%
+    # deals the rows evenly over them, in whole 16-row steps) and PREFETCH (tiles of loads
+    # in flight: 1 or 2; 2 measured no faster on the H200). sm_80/sm_86: 122-124
+    # registers, 36.5 KB (narrow: 46.1 KB) shared memory. ROWS_PER_SPLIT 192 (640 rows:
+    # 4 splits of 160), measured on the H200 with the even split, wide kernel
+    # (NVIDIA_H200.decode_tilelang_s8_experiments.log). Against 128: 3-5%
     # slower at T<=4, 7-25% faster at T=64 and 256, at T=16 12-24% faster with 32 or 64
     # heads and 4% slower with 8; DSpark T=5 20% slower, T=80 13% faster. Against 224:
     # 9-16% faster at T<=16, 6-9% slower at T=256. DSpark (K=5) decodes 6 tokens per

@@ -646,3 +646,32 @@ def test_tilelang_launch_refuses_what_its_kernel_cannot_take(monkeypatch):
     )
     with pytest.raises(ValueError, match=r"BLOCK_H/BLOCK_N are the kernel's fixed tile"):
         tilelang_decode.launch(good, good, *args)
+
+
+@pytest.mark.parametrize("heads", [1, 5, 8, 9, 16, 64])
+def test_tilelang_launch_picks_the_kernel_by_head_count(monkeypatch, heads):
+    """8 heads per rank or fewer run the narrow kernel (one tile in flight, whatever
+    arch.py's PREFETCH); more run the wide one. The head count is fixed per deployment,
+    so a token's kernel -- and its bits -- never depend on the batch. Checked without a
+    GPU: the variant that would be compiled is captured."""
+    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+
+    picked = []
+    monkeypatch.setattr(
+        tilelang_decode, "get_kernel", lambda v: picked.append(v) or (lambda *a: None)
+    )
+    q = torch.zeros(2, 64, 512, dtype=torch.bfloat16)
+    cache = torch.zeros(3, 64, 584, dtype=torch.uint8)
+    idx = torch.zeros(2, 128, dtype=torch.int32)
+    lens = torch.zeros(2, dtype=torch.int32)
+    tilelang_decode.launch(
+        q, q, None, cache, idx, lens, None, None, None, None, 1.0, heads, 192, 2, q, q
+    )
+    (variant,) = picked
+    assert variant.narrow == (heads <= 8)
+    assert variant.heads_per_cta == (8 if heads <= 8 else 16)
+    assert variant.prefetch == (1 if heads <= 8 else 2)
+    assert variant.smem_bytes() <= 48 * 1024
+    assert ("decode_cta_narrow<" in variant.callee()) == (heads <= 8)
+    with pytest.raises(ValueError, match=r"prefetch: the narrow kernel keeps 1 tile"):
+        tilelang_decode.DecodeVariant(128, 512, True, True, 192, prefetch=2, narrow=True)

@@ -1,7 +1,8 @@
 // Sparse MLA decode from 584-byte V4 records for sm_80/sm_86: one CTA per (query token,
 // 16 heads, split of the token's selected rows), 8 warps, each warp owning one 64-dim
 // scale group of the 512 dims (groups 0-6: e4m3 NoPE bytes with one UE8M0 scale each;
-// group 7: the 64 bf16 RoPE values).
+// group 7: the 64 bf16 RoPE values). With 8 heads per rank or fewer, decode_cta_narrow at
+// the end of this file runs instead (its own header says how it differs).
 //
 // Why this shape: a record is decoded once per CTA, and every warp touches only its own
 // 64 dims. The prologue resolves the split's rows once (record addresses, a bit mask of

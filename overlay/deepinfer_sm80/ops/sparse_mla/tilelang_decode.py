@@ -1,6 +1,9 @@
-"""Sparse MLA decode through TileLang: the warp-per-scale-group kernel of
+"""Sparse MLA decode through TileLang: the warp-per-scale-group kernels of
 ``decode_sm80.cuh`` (8 warps, each owning 64 of the 512 dims, so a record is decoded
-once per 16 heads and no warp re-reads the query from shared memory).
+once per CTA and no warp re-reads the query from shared memory): the wide kernel (16
+heads x 16 rows per tile) and, for 8 heads per rank or fewer, the narrow one (MMAs
+transposed so that n is the 8 heads, 32-row tiles). The head count is fixed per
+deployment, so the choice keeps results batch-invariant.
 
 The kernel body is CUDA C++ imported with ``T.import_source`` and called from a
 ``T.Kernel``: it needs per-warp MMAs on warp-private tiles, which ``T.gemm``'s CTA-wide

@@ -116,13 +116,15 @@ def make_decode_case(
     device="cpu",
     holes=0.05,
     cached_rows=None,
+    block_size=64,
 ):
     """``cached_rows(rows) -> rows`` changes what the caches hold (the queries are drawn
-    from the unchanged rows)."""
+    from the unchanged rows). ``block_size``: the main cache's; the extra cache's is
+    ``block_size // ratio``."""
     g = torch.Generator().manual_seed(seed)
     keep = cached_rows or (lambda rows: rows)
     main_rows = _realistic_k(3 * main_width, g)
-    cache, main_slots = _cache_with(keep(main_rows), 64, g, device)
+    cache, main_slots = _cache_with(keep(main_rows), block_size, g, device)
     pick = torch.randint(0, main_rows.shape[0], (T, main_width), generator=g)
     idx = main_slots[pick].int()
     idx[torch.rand(T, main_width, generator=g) < holes] = -1
@@ -131,7 +133,7 @@ def make_decode_case(
     all_rows = main_rows
     if extra_width:
         extra_rows = _realistic_k(extra_width * 2, g)
-        extra, extra_slots = _cache_with(keep(extra_rows), 64 // ratio, g, device)
+        extra, extra_slots = _cache_with(keep(extra_rows), block_size // ratio, g, device)
         epick = torch.randint(0, extra_rows.shape[0], (T, extra_width), generator=g)
         eidx = extra_slots[epick].int()
         eidx[torch.rand(T, extra_width, generator=g) < holes] = -1
@@ -177,6 +179,24 @@ def test_decode_swa_plus_topk_tp_heads(device, engine, heads, ratio):
 # 32-row tiles); the corner-case tests below run it on the GPU tier too.
 NARROW = pytest.param(8, marks=pytest.mark.gpu, id="narrow-H8")
 NARROW_H5 = pytest.param(5, marks=pytest.mark.gpu, id="narrow-H5")  # 3 idle owner warps
+
+
+@pytest.mark.parametrize("heads", [16, NARROW])
+@pytest.mark.parametrize("block_size", [48, 256])
+def test_decode_block_sizes(device, engine, heads, block_size):
+    """Pages of 48 rows (24 in the ratio-2 cache: not powers of two) and of 256, where
+    the tests elsewhere use 64 (and 32)."""
+    case = make_decode_case(
+        2,
+        64,
+        ratio=2,
+        seed=block_size,
+        device=device,
+        lens=[128, 70],
+        extra_lens=[401, 512],
+        block_size=block_size,
+    )
+    _check_decode(case, heads, f"block size {block_size}")
 
 
 @pytest.mark.parametrize("heads", [16, NARROW])

@@ -697,7 +697,10 @@ __device__ __forceinline__ void decode_cta(
 //   1. decodes its 64 dims of the 32 rows into its bf16 slice (16-byte chunks XOR-swizzled
 //      by row, so ldmatrix and the stores are conflict-free without padding: the 32 KB of
 //      slices must leave room under 48 KB),
-//   2. computes S^T over its dims (two 16-row m-tiles, chains of 4 MMAs) and stores it,
+//   2. computes S^T over its dims (two 16-row m-tiles, chains of 4 MMAs) and stores it;
+//      NoPE warps take QK's A fragments from their decoded registers, because a lane's
+//      load layout (16 bytes of rows g + 8i) is the fragment layout up to a permutation
+//      of the 64 dims, which the query slice gets too,
 //   3. after one barrier, owns head w: lane l sums the 8 partials of row l in the same
 //      fixed tree, takes the row maximum with one redux.sync and writes P^T's column,
 //   4. after a second barrier, accumulates O^T over the tile's 32 rows (8 MMAs).
@@ -716,7 +719,7 @@ struct SmemNarrow {
     uint16_t ks[kWarps][kNarrowRows][64];  // decoded slices, see ks_at
     float stage[kNarrowHeads][kStageStride];  // epilogue: the CTA's output, natural dim order
   } u;
-  float sp[kWarps][kNarrowRows][kNarrowHeads];  // partial logits S^T, see sp_at
+  float sp[kWarps][kNarrowRows][kNarrowHeads];  // partial logits S^T, see sp_swizzle
   uint16_t ps[kNarrowHeads][kNarrowRows + 8];   // P (bf16) as [head][row], 8 pad: ldmatrix
   float alpha[kNarrowHeads];                    // rescale per head; the final factor at the end
   const uint8_t* rec[kPadded];                  // record addresses (nullptr = skip)
@@ -812,7 +815,10 @@ __device__ __forceinline__ void decode_cta_narrow(
   const int r_end = min(r_begin + split_rows, total);
 
   // Resolve the split's rows once, as the wide kernel does (rows past the split or the
-  // token are skipped rows here too, up to the last tile's end).
+  // token are skipped rows here too, up to the last tile's end). This prologue and the
+  // lengths' above are written out as in the wide kernel on purpose: the same code as
+  // shared helpers (a split struct, a cache struct picked per row) measured 2-7% slower
+  // for both kernels on the H200 (NVIDIA_H200.decode_tilelang_s9_experiments.log, 11).
   constexpr int kResolveRounds = (S::kPadded + kWarps * 32 - 1) / (kWarps * 32);
   uint2 scale_bytes[kResolveRounds];
 #pragma unroll

@@ -176,7 +176,9 @@ def test_aot_kernels_are_in_the_image():
     assert out.returncode == 0, out.stderr
     mla = json.loads(out.stdout)
     assert mla["arches"] == ["sm_80", "sm_86"]
-    assert len(mla["kernels"]) == 6 and all(k["error"] is None for k in mla["kernels"])
+    # 3 index widths x (wide kernel, narrow kernel for <= 8 heads) x 2 arches
+    assert len(mla["kernels"]) == 12 and all(k["error"] is None for k in mla["kernels"])
+    assert sum(k["label"].endswith(",h8]") for k in mla["kernels"]) == 6
 
 
 def test_launcher_renders_or_refuses_in_the_image():

@@ -775,8 +775,8 @@ __device__ __forceinline__ void decode_cta_narrow(
   const bool nope = warp < kNopeWarps;
 
   // Loaded before the lengths are known (the loads overlap): the query slice as B
-  // fragments (k = 16, n = 8 heads: lane holds head g and the
-  // k-step's k indices 2c, 2c + 1 in qb[kk][0], 8 + 2c, 9 + 2c in qb[kk][1]).
+  // fragments (k = 16, n = 8 heads: lane holds head g and the k-step's k indices 2c, 2c + 1
+  // in qb[kk][0], 8 + 2c, 9 + 2c in qb[kk][1]).
   //   NoPE warps feed QK's A fragments straight from the decoded registers (see the tile
   //   loop), so their k order is the lane's own: k-step kk of lane c is dims
   //   16c + 4kk + {0, 2} (qb[kk][0]) and {1, 3} (qb[kk][1]), times 2^64.

@@ -292,6 +292,69 @@ __device__ __forceinline__ float from_order_key(int k) {
   return __int_as_float(k ^ ((k >> 31) & 0x7FFFFFFF));
 }
 
+// A token's selected rows: main_len of the main cache (its index row first), then the
+// extra cache's; lengths are kept within the index widths, as token_rows in
+// triton_kernel.py does. Returns the total.
+template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen>
+__device__ __forceinline__ int token_rows(int64_t t, int64_t main_len_addr, int64_t extra_len_addr,
+                                          int& main_len) {
+  main_len = kMainWidth;
+  if (kHasLen) {
+    main_len = reinterpret_cast<const int*>(main_len_addr)[t];
+    main_len = min(max(main_len, 0), kMainWidth);
+  }
+  int extra_len = 0;
+  if (kHasExtra) {
+    extra_len = reinterpret_cast<const int*>(extra_len_addr)[t];
+    extra_len = min(max(extra_len, 0), kExtraWidth);
+  }
+  return main_len + extra_len;
+}
+
+// Rows per split when a token's `total` rows make n_splits splits: dealt evenly in whole
+// 16-row steps (at most ROWS_PER_SPLIT, since n_splits * ROWS_PER_SPLIT >= total). 640
+// rows are 4 x 160, not 3 x 192 + 64, so the longest CTA of a token -- its latency at
+// small batches -- has 10 steps, not 12, and the waves of a large batch are even. Still a
+// function of the token's own rows only.
+__device__ __forceinline__ int split_size(int total, int n_splits) {
+  return ((total + n_splits - 1) / n_splits + kRows - 1) / kRows * kRows;
+}
+
+// Row r of token t (main cache rows first, then the extra cache's): its record's address,
+// or nullptr when its index is -1 or outside the cache (a skipped row, scale_bytes left
+// as they are), and its 8 scale bytes. Both kernels' prologues call it; the branches are
+// written per cache on purpose (a version choosing a cache struct by reference measured
+// 2-7% slower, NVIDIA_H200.decode_tilelang_s9_experiments.log section 11).
+__device__ __forceinline__ const uint8_t* resolve_row(
+    int64_t t, int r, int main_len, int64_t main_addr, int64_t main_stride, int main_rows,
+    int main_bs, int64_t main_idx_addr, int64_t main_idx_stride, int64_t extra_addr,
+    int64_t extra_stride, int extra_rows, int extra_bs, int64_t extra_idx_addr,
+    int64_t extra_idx_stride, uint2& scale_bytes) {
+  int slot;
+  const uint8_t* base;
+  int64_t stride;
+  int bs, rows;
+  if (r < main_len) {
+    slot = reinterpret_cast<const int*>(main_idx_addr)[t * main_idx_stride + r];
+    base = reinterpret_cast<const uint8_t*>(main_addr);
+    stride = main_stride;
+    bs = main_bs;
+    rows = main_rows;
+  } else {
+    slot = reinterpret_cast<const int*>(extra_idx_addr)[t * extra_idx_stride + (r - main_len)];
+    base = reinterpret_cast<const uint8_t*>(extra_addr);
+    stride = extra_stride;
+    bs = extra_bs;
+    rows = extra_rows;
+  }
+  if (slot < 0 || slot >= rows) return nullptr;
+  const uint8_t* page = base + static_cast<int64_t>(slot / bs) * stride;
+  const int within = slot % bs;
+  scale_bytes = __ldg(reinterpret_cast<const uint2*>(
+      page + static_cast<int64_t>(bs) * kRecordBytes + within * 8));
+  return page + static_cast<int64_t>(within) * kRecordBytes;
+}
+
 // The folded factor's exponent field for scale byte s.
 __device__ __forceinline__ uint32_t factor_field(uint32_t s) {
   return s <= kFastMaxScale ? s + kFieldOffset : kUnitField;
@@ -345,26 +408,12 @@ __device__ __forceinline__ void decode_cta(
     }
   }
 
-  // The token's rows per cache and its split count (lengths kept within the index widths,
-  // as token_rows in triton_kernel.py does).
-  int main_len = kMainWidth;
-  if (kHasLen) {
-    main_len = reinterpret_cast<const int*>(main_len_addr)[t];
-    main_len = min(max(main_len, 0), kMainWidth);
-  }
-  int extra_len = 0;
-  if (kHasExtra) {
-    extra_len = reinterpret_cast<const int*>(extra_len_addr)[t];
-    extra_len = min(max(extra_len, 0), kExtraWidth);
-  }
-  const int total = main_len + extra_len;
+  int main_len;
+  const int total = token_rows<kMainWidth, kExtraWidth, kHasExtra, kHasLen>(
+      t, main_len_addr, extra_len_addr, main_len);
   const int n_splits = max((total + kRowsPerSplit - 1) / kRowsPerSplit, 1);
   if (split >= n_splits) return;
-  // The rows are dealt evenly over the splits (whole tiles; at most kRowsPerSplit, since
-  // n_splits * kRowsPerSplit >= total): 640 rows are 4 x 160, not 3 x 192 + 64, so the
-  // longest CTA of a token -- its latency at small batches -- has 10 tiles, not 12, and
-  // the waves of a large batch are even. Still a function of the token's own rows only.
-  const int split_rows = ((total + n_splits - 1) / n_splits + kRows - 1) / kRows * kRows;
+  const int split_rows = split_size(total, n_splits);
   const int r_begin = split * split_rows;
   const int r_end = min(r_begin + split_rows, total);
 
@@ -381,31 +430,9 @@ __device__ __forceinline__ void decode_cta(
     const uint8_t* rec = nullptr;
     scale_bytes[k] = make_uint2(0u, 0u);
     if (i < kRowsPerSplit && r < r_end) {
-      const bool is_main = r < main_len;
-      int slot;
-      const uint8_t* base;
-      int64_t stride;
-      int bs, rows;
-      if (is_main) {
-        slot = reinterpret_cast<const int*>(main_idx_addr)[t * main_idx_stride + r];
-        base = reinterpret_cast<const uint8_t*>(main_addr);
-        stride = main_stride;
-        bs = main_bs;
-        rows = main_rows;
-      } else {
-        slot = reinterpret_cast<const int*>(extra_idx_addr)[t * extra_idx_stride + (r - main_len)];
-        base = reinterpret_cast<const uint8_t*>(extra_addr);
-        stride = extra_stride;
-        bs = extra_bs;
-        rows = extra_rows;
-      }
-      if (slot >= 0 && slot < rows) {
-        const uint8_t* page = base + static_cast<int64_t>(slot / bs) * stride;
-        const int within = slot % bs;
-        rec = page + static_cast<int64_t>(within) * kRecordBytes;
-        scale_bytes[k] = __ldg(reinterpret_cast<const uint2*>(
-            page + static_cast<int64_t>(bs) * kRecordBytes + within * 8));
-      }
+      rec = resolve_row(t, r, main_len, main_addr, main_stride, main_rows, main_bs, main_idx_addr,
+                        main_idx_stride, extra_addr, extra_stride, extra_rows, extra_bs,
+                        extra_idx_addr, extra_idx_stride, scale_bytes[k]);
     }
     if (i < kRowsPerSplit) sm.rec[i] = rec;
     const uint32_t real = __ballot_sync(0xffffffffu, rec != nullptr);
@@ -795,30 +822,19 @@ __device__ __forceinline__ void decode_cta_narrow(
     }
   }
 
-  int main_len = kMainWidth;
-  if (kHasLen) {
-    main_len = reinterpret_cast<const int*>(main_len_addr)[t];
-    main_len = min(max(main_len, 0), kMainWidth);
-  }
-  int extra_len = 0;
-  if (kHasExtra) {
-    extra_len = reinterpret_cast<const int*>(extra_len_addr)[t];
-    extra_len = min(max(extra_len, 0), kExtraWidth);
-  }
-  const int total = main_len + extra_len;
+  int main_len;
+  const int total = token_rows<kMainWidth, kExtraWidth, kHasExtra, kHasLen>(
+      t, main_len_addr, extra_len_addr, main_len);
   const int n_splits = max((total + kRowsPerSplit - 1) / kRowsPerSplit, 1);
   if (split >= n_splits) return;
-  // The wide kernel's even split (16-row granules): a split may end inside a 32-row tile,
-  // whose rows past it are masked out like skipped rows.
-  const int split_rows = ((total + n_splits - 1) / n_splits + kRows - 1) / kRows * kRows;
+  // The wide kernel's split (16-row steps): a split may end inside a 32-row tile, whose
+  // rows past it are masked out like skipped rows.
+  const int split_rows = split_size(total, n_splits);
   const int r_begin = split * split_rows;
   const int r_end = min(r_begin + split_rows, total);
 
   // Resolve the split's rows once, as the wide kernel does (rows past the split or the
-  // token are skipped rows here too, up to the last tile's end). This prologue and the
-  // lengths' above are written out as in the wide kernel on purpose: the same code as
-  // shared helpers (a split struct, a cache struct picked per row) measured 2-7% slower
-  // for both kernels on the H200 (NVIDIA_H200.decode_tilelang_s9_experiments.log, 11).
+  // token are skipped rows here too, up to the last tile's end).
   constexpr int kResolveRounds = (S::kPadded + kWarps * 32 - 1) / (kWarps * 32);
   uint2 scale_bytes[kResolveRounds];
 #pragma unroll
@@ -828,31 +844,9 @@ __device__ __forceinline__ void decode_cta_narrow(
     const uint8_t* rec = nullptr;
     scale_bytes[k] = make_uint2(0u, 0u);
     if (i < S::kPadded && r < r_end) {
-      const bool is_main = r < main_len;
-      int slot;
-      const uint8_t* base;
-      int64_t stride;
-      int bs, rows;
-      if (is_main) {
-        slot = reinterpret_cast<const int*>(main_idx_addr)[t * main_idx_stride + r];
-        base = reinterpret_cast<const uint8_t*>(main_addr);
-        stride = main_stride;
-        bs = main_bs;
-        rows = main_rows;
-      } else {
-        slot = reinterpret_cast<const int*>(extra_idx_addr)[t * extra_idx_stride + (r - main_len)];
-        base = reinterpret_cast<const uint8_t*>(extra_addr);
-        stride = extra_stride;
-        bs = extra_bs;
-        rows = extra_rows;
-      }
-      if (slot >= 0 && slot < rows) {
-        const uint8_t* page = base + static_cast<int64_t>(slot / bs) * stride;
-        const int within = slot % bs;
-        rec = page + static_cast<int64_t>(within) * kRecordBytes;
-        scale_bytes[k] = __ldg(reinterpret_cast<const uint2*>(
-            page + static_cast<int64_t>(bs) * kRecordBytes + within * 8));
-      }
+      rec = resolve_row(t, r, main_len, main_addr, main_stride, main_rows, main_bs, main_idx_addr,
+                        main_idx_stride, extra_addr, extra_stride, extra_rows, extra_bs,
+                        extra_idx_addr, extra_idx_stride, scale_bytes[k]);
     }
     if (i < S::kPadded) sm.rec[i] = rec;
     const uint32_t real = __ballot_sync(0xffffffffu, rec != nullptr);

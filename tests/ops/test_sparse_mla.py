@@ -9,7 +9,7 @@ import torch
 
 from deepinfer_sm80 import arch
 from deepinfer_sm80.ops.kv_cache import quantize_and_insert_k_cache
-from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
+from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill, tilelang_decode
 from deepinfer_sm80.ops.sparse_mla import triton_kernel as mla_kernels
 from deepinfer_sm80.ops.sparse_mla.ref import sparse_mla_decode_ref, sparse_mla_prefill_ref
 from deepinfer_sm80.testing.compare import assert_within_torch_budget
@@ -330,10 +330,97 @@ def test_direct_output_path_launches_no_reduction(device, engine, monkeypatch, h
     assert counter.launches == 0  # 128 rows <= ROWS_PER_SPLIT: one split, written directly
     full = make_decode_case(2, 64, seed=1, device=device)
     full.run(heads)
-    assert counter.launches == 1  # 640 rows can split: one reduction launch
+    # 640 rows can split: one reduction launch, unless the TileLang kernel merges the
+    # splits itself (its default)
+    merged = engine == "tilelang" and tilelang_decode.MERGE_SPLITS
+    assert counter.launches == (0 if merged else 1)
     _with_rows_per_split(monkeypatch, 1024)
     full.run(heads)
-    assert counter.launches == 1  # 1024 rows per split: direct again
+    assert counter.launches == (0 if merged else 1)  # 1024 rows per split: direct again
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [64, 16, NARROW, NARROW_H5])
+def test_tilelang_in_kernel_merge_against_the_reduction(device, monkeypatch, heads):
+    """The TileLang kernel's in-kernel merge of a token's splits (the CTA that arrives
+    last folds them) against the separate Triton reduction: both within the budget, no
+    reduction launch when merging, the same result up to rounding (both fold in split
+    order), deterministic, and the arrival counters back at zero after every call.
+    Tokens with 4, 3, 2 and 1 splits and none; then 40 splits (ten fold steps)."""
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    counter = _LaunchCounter(mla_kernels.sparse_mla_reduce_kernel)
+    monkeypatch.setattr(mla_kernels, "sparse_mla_reduce_kernel", counter)
+    case = make_decode_case(
+        5, 64, seed=41, device=device, lens=[128, 128, 60, 0, 128], extra_lens=[512, 100, 3, 0, 317]
+    )
+    results = {}
+    for merge in (False, True):
+        monkeypatch.setattr(tilelang_decode, "MERGE_SPLITS", merge)
+        results[merge], _ = _check_decode(case, heads, f"merge={merge}")
+    assert counter.launches == 1  # the reduction ran for merge=False only
+    again, _ = case.run(heads)
+    merged = results[True][:, :heads]
+    assert torch.equal(again[:, :heads].view(torch.int16), merged.view(torch.int16))
+    ref, _ = case.ref(heads, "fp32")
+    torch_bf16, _ = case.ref(heads, "bf16")
+    reduced = results[False][:, :heads].float().cpu()
+    assert_within_torch_budget(
+        "merge vs reduction",
+        merged.float().cpu(),
+        reduced,
+        torch_bf16[:, :heads] - ref[:, :heads] + reduced,
+    )
+    _with_rows_per_split(monkeypatch, 16)  # 40 splits for 640 rows
+    _check_decode(case, heads, "40 splits merged")
+    torch.cuda.synchronize()
+    (counters,) = tilelang_decode._counters.values()
+    assert counters.abs().sum().item() == 0
+
+
+def test_split_counters_grow_and_keep_old_buffers_alive(monkeypatch):
+    """The merge's counters (checked on CPU tensors: the bookkeeping is device-neutral):
+    zeroed once, shared while large enough, replaced by a larger zeroed buffer when not,
+    the old one kept alive (CUDA graphs captured earlier hold its address); one counter
+    per (token, head block) of the kernel that runs (8 heads per CTA at 8 heads or fewer,
+    16 above)."""
+    monkeypatch.setattr(tilelang_decode, "_counters", {})
+    monkeypatch.setattr(tilelang_decode, "_kept_alive", [])
+    assert tilelang_decode.counter_slots(3, 8) == 3
+    assert tilelang_decode.counter_slots(3, 5) == 3
+    assert tilelang_decode.counter_slots(3, 64) == 12
+    assert tilelang_decode.counter_slots(3, 24) == 6
+    first = tilelang_decode.split_counters("cpu", 100)
+    assert first.dtype == torch.int32 and first.numel() >= 100 and not first.any()
+    assert tilelang_decode.split_counters("cpu", first.numel()) is first
+    bigger = tilelang_decode.split_counters("cpu", first.numel() + 1)
+    assert bigger.numel() > first.numel() and not bigger.any()
+    assert tilelang_decode._kept_alive == [first]
+    assert tilelang_decode.split_counters("cpu", 1) is bigger
+    tilelang_decode.reserve_split_counters("cpu", max_tokens=10_000)
+    assert tilelang_decode.split_counters("cpu", 1).numel() >= 40_000  # 64 heads: 4 blocks
+
+
+@pytest.mark.gpu
+def test_tilelang_merge_counters_allocated_inside_a_capture(device, monkeypatch, caplog):
+    """No counters reserved before a CUDA-graph capture: that graph gets its own buffer,
+    zeroed at the start of each replay, with a warning; replays stay correct."""
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    case = make_decode_case(4, 64, seed=43, device=device)
+    out = torch.empty_like(case.q)
+    case.run(8, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    monkeypatch.setattr(tilelang_decode, "_counters", {})
+    graph = torch.cuda.CUDAGraph()
+    with caplog.at_level("WARNING", logger="deepinfer_sm80.sparse_mla"), torch.cuda.graph(graph):
+        case.run(8, out=out)
+    assert "inside a CUDA-graph capture" in caplog.text
+    assert tilelang_decode._counters == {}  # the graph's own buffer is not shared
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager, _ = case.run(8)
+        assert torch.equal(out[:, :8].view(torch.int16), eager[:, :8].view(torch.int16))
 
 
 @pytest.mark.parametrize("heads", [16, NARROW])

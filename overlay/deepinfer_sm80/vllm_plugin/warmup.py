@@ -63,6 +63,8 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
     if decode_engine(device) == "tilelang":
         aot_mla = Path(aot) / "sparse_mla" if aot else None
         records += tilelang_decode.warmup(log=logger.info, aot_dir=aot_mla)
+        # The in-kernel split merge's counters, sized before vLLM captures CUDA graphs.
+        tilelang_decode.reserve_split_counters(device, max_tokens)
     return records
 
 

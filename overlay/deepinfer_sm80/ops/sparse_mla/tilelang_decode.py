@@ -153,6 +153,7 @@ class DecodeVariant:
             out_stride_h: T.int64,
             part_acc_addr: T.int64,
             part_ml_addr: T.int64,
+            counters_addr: T.int64,
             main_addr: T.int64,
             main_stride: T.int64,
             main_rows: T.int32,
@@ -193,6 +194,7 @@ class DecodeVariant:
                     padded_heads,
                     part_acc_addr,
                     part_ml_addr,
+                    counters_addr,
                     main_addr,
                     main_stride,
                     main_rows,
@@ -321,6 +323,67 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# The last CTA of a split token merges the splits inside the decode kernel
+# (decode_sm80.cuh, last_split_to_arrive): no reduction launch follows. A fixed choice per
+# process, so a token's bits never depend on the batch (the merge and the Triton reduction
+# fold in the same order but need not round alike).
+MERGE_SPLITS = True
+
+# The in-kernel merge's arrival counters, one int32 per (token, head block), per device
+# (keyed by the tensors' device type and index). Zero between launches (the last CTA
+# resets its counter), so they are zeroed once, when allocated, never per call. Grown by
+# replacement; a replaced buffer is kept alive because CUDA graphs captured earlier hold
+# its address.
+_counters: dict[tuple, object] = {}
+_kept_alive: list = []
+
+
+def counter_slots(tokens: int, heads: int) -> int:
+    """One counter per (token, head block) of the launch grid."""
+    per_cta = NARROW_HEADS if heads <= NARROW_HEADS else HEADS_PER_CTA
+    return tokens * -(-heads // per_cta)
+
+
+def split_counters(device, slots: int):
+    """A zeroed int32 buffer of at least ``slots`` counters on ``device``.
+
+    Decode calls share it and leave it zero, so calls that run at the same time on one
+    device (two streams) must not both use it; vLLM runs a model's layers one at a time.
+    Sized at warmup (``reserve_split_counters``) so that no CUDA-graph capture has to
+    allocate. If a capture needs more all the same, that graph gets its own buffer,
+    zeroed by a memset node at the start of each replay (correct, about 1-2 us slower)."""
+    import torch
+
+    device = torch.device(device)
+    key = (device.type, device.index)
+    buf = _counters.get(key)
+    if buf is not None and buf.numel() >= slots:
+        return buf
+    size = max(slots, 2 * buf.numel() if buf is not None else 4096)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        logging.getLogger("deepinfer_sm80.sparse_mla").warning(
+            "sparse MLA decode: %d split counters needed inside a CUDA-graph capture, %d "
+            "reserved; this graph zeroes its own on every replay (call "
+            "reserve_split_counters with the largest batch before capturing)",
+            slots,
+            buf.numel() if buf is not None else 0,
+        )
+        own = torch.zeros(size, dtype=torch.int32, device=device)
+        _kept_alive.append(own)
+        return own
+    new = torch.zeros(size, dtype=torch.int32, device=device)
+    if buf is not None:
+        _kept_alive.append(buf)
+    _counters[key] = new
+    return new
+
+
+def reserve_split_counters(device, max_tokens: int, max_heads: int = 64) -> None:
+    """Size the counters for up to ``max_tokens`` decode tokens before any CUDA-graph
+    capture (the server's warmup does, with vLLM's max_num_batched_tokens)."""
+    split_counters(device, counter_slots(max_tokens, max_heads))
+
+
 def launch(
     q,
     out,
@@ -338,13 +401,16 @@ def launch(
     prefetch: int,
     part_acc,
     part_ml,
+    counters=None,
 ) -> None:
     """Run the decode kernel on tensors the wrapper (``triton_kernel.sparse_mla_decode``)
     has validated: all on q's device, caches ``[blocks, bs, 584]`` uint8 with
     16-byte-aligned pages, index rows ``[T, W]`` int32 with unit stride, contiguous
     lengths and sink, ``lse`` a fresh contiguous ``[T, Hp]`` f32. ``part_acc``/``part_ml``
-    are the reduction's partials (ignored with one split). The kernel moves q and out as
-    32-bit pairs: both must be 4-byte aligned with even strides (checked here)."""
+    are the split partials (ignored with one split); with ``counters`` (``split_counters``)
+    the kernel merges them itself, else the caller launches the reduction. The kernel moves
+    q and out as 32-bit pairs: both must be 4-byte aligned with even strides (checked
+    here)."""
     for name, t in (("q", q), ("out", out)):
         if t.data_ptr() % 4 or t.stride(0) % 2 or t.stride(1) % 2:
             raise ValueError(
@@ -382,6 +448,7 @@ def launch(
         out.stride(1),
         part_acc.data_ptr(),
         part_ml.data_ptr(),
+        counters.data_ptr() if counters is not None else 0,
         main.data_ptr(),
         main.stride(0),
         main.shape[0] * main.shape[1],

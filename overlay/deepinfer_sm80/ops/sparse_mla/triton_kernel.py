@@ -803,7 +803,14 @@ def _launch(
         MAX_SPLITS=max_splits,
         BLOCK_H=block_h,
     )
+    merged = False
     if engine == "tilelang":
+        counters = None
+        if max_splits > 1 and tilelang_decode.MERGE_SPLITS:
+            counters = tilelang_decode.split_counters(
+                q.device, tilelang_decode.counter_slots(T, heads)
+            )
+            merged = True
         tilelang_decode.launch(
             q,
             out,
@@ -821,6 +828,7 @@ def _launch(
             cfg.constexpr_dict()["PREFETCH"],
             part_acc,
             part_ml,
+            counters,
         )
     else:
         sparse_mla_fwd_kernel[(T, head_blocks, max_splits)](
@@ -860,7 +868,7 @@ def _launch(
             **cfg.launch_options(),
             **meta,
         )
-    if max_splits > 1:
+    if max_splits > 1 and not merged:
         red = kernel_config("sparse_mla.reduce")
         meta.pop("BLOCK_H")
         rb = red.constexpr_dict()["BLOCK_H"]

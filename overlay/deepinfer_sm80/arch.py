@@ -121,9 +121,11 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
         num_stages=1,
         constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("PREFETCH", 1)),
     ),
-    # The split reduction: 4 heads per program (H200, NVIDIA_H200.sparse_mla_reduce_block_h.log,
-    # end to end with the TileLang decode): 1-2 us faster than 16 heads at every T (more,
-    # smaller programs hide the loads of the splits' partials better).
+    # The split reduction of the Triton decode (the TileLang decode merges its splits in
+    # the kernel since session 10): 4 heads per program (H200,
+    # NVIDIA_H200.sparse_mla_reduce_block_h.log, measured with the TileLang decode of the
+    # time): 1-2 us faster than 16 heads at every T (more, smaller programs hide the loads
+    # of the splits' partials better).
     "sparse_mla.reduce": LaunchConfig(num_warps=4, num_stages=1, constexprs=(("BLOCK_H", 4),)),
 }
 

@@ -44,7 +44,8 @@
 // Maths and outputs are those of sparse_mla_fwd_kernel in triton_kernel.py, not its bits
 // (the same split count per token, ceil(rows / ROWS_PER_SPLIT) with arch.py's
 // ROWS_PER_SPLIT for this kernel, but the rows dealt evenly over the splits and summed in
-// another order; the same partials layout, reduced by the same Triton reduction kernel):
+// another order; the same partials layout, merged in the kernel with the Triton
+// reduction kernel's fold, see last_split_to_arrive):
 //   out = sum_j exp(s_j) k_j / (sum_j exp(s_j) + exp(sink)),  lse = log(sum_j exp(s_j)),
 // in base 2 internally. Rows that are -1, outside their cache or past the token's
 // length are skipped and never read; a token without rows gets 0 (lse -inf).

@@ -12,8 +12,9 @@ by the TIR, target and pass configs), the launch on PyTorch's current stream and
 shared-memory allocation, exactly as for the mHC kernels.
 
 It computes what ``sparse_mla_fwd_kernel`` computes for decode (the same split count per
-token and partials layout, the Triton reduction kernel merging them; the rows are dealt
-evenly over a token's splits, so 640 rows are 4 x 160, not 3 x 192 + 64). Only a GPU can run
+token and partials layout; the rows are dealt evenly over a token's splits, so 640 rows
+are 4 x 160, not 3 x 192 + 64, and the last CTA of a token merges the splits with the
+Triton reduction's fold, so no reduction kernel follows). Only a GPU can run
 it: the Triton interpreter does not apply, so its correctness tests are on the GPU tier
 (``tests/ops/test_sparse_mla.py``) and CPU CI checks its Ampere fit (``ampere_fit``).
 """

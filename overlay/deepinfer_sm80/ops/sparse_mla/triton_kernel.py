@@ -20,7 +20,8 @@ Split-K is batch-invariant: a token's split count is ``cdiv(own selected rows,
 ROWS_PER_SPLIT)`` (``arch.py``), never a function of the batch. A token with one split
 writes its final output directly; the reduction kernel runs only when some token can
 have more than one split (``max splits > 1`` from the index widths), and skips tokens
-that had one. No host sync and no data-dependent allocation: CUDA-graph safe.
+that had one. The TileLang decode merges its splits in the kernel instead
+(``tilelang_decode.MERGE_SPLITS``). No host sync and no data-dependent allocation: CUDA-graph safe.
 """
 
 import importlib.util
@@ -952,7 +953,8 @@ def _fwd_spec(label, cfg_name, *, fp8, main_width, extra_width, block_size, rows
 def ampere_kernel_specs() -> list[KernelSpec]:
     """Shipped configs at DeepSeek-V4.1 widths: SWA 128 (+ DSpark 192), Top-K 512."""
     rps = kernel_config("sparse_mla.decode").constexpr_dict()["ROWS_PER_SPLIT"]
-    # The reduction merges either decode kernel's partials: one spec per split size.
+    # The reduction merges the Triton decode's partials, and the TileLang decode's when
+    # tilelang_decode.MERGE_SPLITS is off: one spec per split size.
     reduce_rps = sorted(
         {
             kernel_config(name).constexpr_dict()["ROWS_PER_SPLIT"]

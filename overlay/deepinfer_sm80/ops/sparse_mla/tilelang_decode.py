@@ -349,7 +349,9 @@ def split_counters(device, slots: int):
     """A zeroed int32 buffer of at least ``slots`` counters on ``device``.
 
     Decode calls share it and leave it zero, so calls that run at the same time on one
-    device (two streams) must not both use it; vLLM runs a model's layers one at a time.
+    device (two streams) must not both use it. vLLM runs a model's layers one at a time
+    on one stream; its dual-batch overlap keeps both micro-batches' compute on one stream
+    too (``vllm/v1/worker/gpu_ubatch_wrapper.py``: one compute stream for all contexts).
     Sized at warmup (``reserve_split_counters``) so that no CUDA-graph capture has to
     allocate. If a capture needs more all the same, that graph gets its own buffer,
     zeroed by a memset node at the start of each replay (correct, about 1-2 us slower)."""

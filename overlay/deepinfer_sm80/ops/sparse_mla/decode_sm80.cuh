@@ -369,9 +369,9 @@ __device__ __forceinline__ uint32_t factor_field(uint32_t s) {
 // all the splits' partials in split order (a fixed order, so the bits do not depend on
 // which CTA came last; in the A/B runs they were the Triton reduction's bits) and writes
 // the output and lse. No reduction kernel runs after the decode: 2-11% faster at every
-// shape that splits (NVIDIA_H200.decode_tilelang_s10_experiments.log). The arrival is one atomic
-// with acquire-release semantics at GPU scope by one thread after a CTA barrier; a fence
-// in every thread before it measured 2-4% slower.
+// shape that splits (NVIDIA_H200.decode_tilelang_s10_experiments.log). The arrival is
+// one atomic with acquire-release semantics at GPU scope by one thread after a CTA
+// barrier; a fence in every thread before it measured 2-4% slower.
 //
 // The counters live in a buffer the host keeps per device (tilelang_decode.py). They are
 // zero before a launch, and the last CTA puts its counter back to zero, so the next
@@ -382,7 +382,8 @@ __device__ __forceinline__ uint32_t factor_field(uint32_t s) {
 
 // Called by every thread of the CTA after its partials are stored. True in the CTA that
 // arrives last among the token's n_splits CTAs of this head block; then every split's
-// partials are visible to all its threads. `flag` is a shared-memory word.
+// partials are visible to all its threads. `flag` is a shared-memory word (the kernels
+// pass sm.alpha[0], which nothing reads after the tile loop's last barrier).
 __device__ __forceinline__ bool last_split_to_arrive(int* counter, int n_splits, float* flag) {
   __syncthreads();  // every thread's partials are stored
   if (threadIdx.x == 0) {
@@ -434,7 +435,8 @@ __device__ __forceinline__ void merge_head_splits(int64_t t, int64_t h, int n_sp
         l[i] = ml.y;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(part_acc + (row0 + s) * 512 + 128 * k + 4 * lane));
+          const float* p = part_acc + (row0 + s) * 512 + 128 * k + 4 * lane;
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
           a[i][4 * k] = v.x, a[i][4 * k + 1] = v.y, a[i][4 * k + 2] = v.z, a[i][4 * k + 3] = v.w;
         }
       }
@@ -447,7 +449,8 @@ __device__ __forceinline__ void merge_head_splits(int64_t t, int64_t h, int n_sp
     b_l = b_l * a_old + ((l[0] * w[0] + l[1] * w[1]) + (l[2] * w[2] + l[3] * w[3]));
 #pragma unroll
     for (int e = 0; e < 16; ++e)
-      acc[e] = acc[e] * a_old + ((a[0][e] * w[0] + a[1][e] * w[1]) + (a[2][e] * w[2] + a[3][e] * w[3]));
+      acc[e] = acc[e] * a_old +
+               ((a[0][e] * w[0] + a[1][e] * w[1]) + (a[2][e] * w[2] + a[3][e] * w[3]));
     b_m = m_new;
   }
 
@@ -463,14 +466,16 @@ __device__ __forceinline__ void merge_head_splits(int64_t t, int64_t h, int n_sp
   }
   if (!(den > 0.f)) den = 1.f;  // no rows and no sink: output 0
   const float f = alpha / den;
-  if (lane == 0) lse_ptr[t * lse_stride_t + h] = has_rows ? (b_m + log2f(b_l)) / kLog2e : -INFINITY;
-  __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(out_addr) + t * out_stride_t + h * out_stride_h;
+  if (lane == 0)
+    lse_ptr[t * lse_stride_t + h] = has_rows ? (b_m + log2f(b_l)) / kLog2e : -INFINITY;
+  __nv_bfloat16* out =
+      reinterpret_cast<__nv_bfloat16*>(out_addr) + t * out_stride_t + h * out_stride_h;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * k] * f, acc[4 * k + 1] * f);
     const __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * k + 2] * f, acc[4 * k + 3] * f);
-    *reinterpret_cast<uint2*>(out + 128 * k + 4 * lane) =
-        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    *reinterpret_cast<uint2*>(out + 128 * k + 4 * lane) = make_uint2(
+        *reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   }
 }
 
@@ -480,9 +485,9 @@ __device__ __forceinline__ void decode_cta(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
     int64_t part_acc_addr, int64_t part_ml_addr, int64_t counters_addr, int64_t main_addr,
-    int64_t main_stride,
-    int main_rows, int main_bs, int64_t main_idx_addr, int64_t main_idx_stride,
-    int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride, int extra_rows, int extra_bs,
+    int64_t main_stride, int main_rows, int main_bs, int64_t main_idx_addr,
+    int64_t main_idx_stride, int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride,
+    int extra_rows, int extra_bs,
     int64_t extra_idx_addr, int64_t extra_idx_stride, int64_t extra_len_addr, int64_t sink_addr,
     float scale_log2, int num_heads, uint8_t* smem_raw) {
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole tiles");
@@ -912,9 +917,9 @@ __device__ __forceinline__ void decode_cta_narrow(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
     int64_t part_acc_addr, int64_t part_ml_addr, int64_t counters_addr, int64_t main_addr,
-    int64_t main_stride,
-    int main_rows, int main_bs, int64_t main_idx_addr, int64_t main_idx_stride,
-    int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride, int extra_rows, int extra_bs,
+    int64_t main_stride, int main_rows, int main_bs, int64_t main_idx_addr,
+    int64_t main_idx_stride, int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride,
+    int extra_rows, int extra_bs,
     int64_t extra_idx_addr, int64_t extra_idx_stride, int64_t extra_len_addr, int64_t sink_addr,
     float scale_log2, int num_heads, uint8_t* smem_raw) {
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole 16-row steps");

@@ -73,9 +73,15 @@ def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypat
         return [{"variant": "d"}]
 
     monkeypatch.setattr(tilelang_decode, "warmup", fake_warmup)
+    reserved = []
+    monkeypatch.setattr(
+        tilelang_decode, "reserve_split_counters", lambda d, n: reserved.append((d.type, n))
+    )
     monkeypatch.setenv("DEEPINFER_AOT_DIR", "/opt/kernels")
     # This machine (CPU, interpreter): the Triton decode runs, nothing to compile.
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}]
     monkeypatch.setattr(triton_kernel, "decode_engine", lambda device: "tilelang")
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}, {"variant": "d"}]
     assert str(seen["aot_dir"]) == "/opt/kernels/sparse_mla"
+    # The in-kernel split merge's counters, sized for the largest batch before any capture.
+    assert reserved == [("cpu", _runner().scheduler_config.max_num_batched_tokens)]

@@ -481,6 +481,29 @@ __device__ __forceinline__ void merge_head_splits(int64_t t, int64_t h, int n_sp
   }
 }
 
+// Both kernels' last step for a split token, after every thread has stored its
+// partials: arrive, and in the CTA that arrives last merge heads head0 .. head0 +
+// kCtaHeads - 1 (warp w: heads w, w + 8, ...). No-op without counters (counters_addr 0:
+// the caller launches the reduction kernel instead).
+template <int kMaxSplits, bool kHasSink, int kCtaHeads>
+__device__ __forceinline__ void merge_splits_if_last(
+    int64_t counters_addr, int64_t t, int head0, int n_splits, int64_t part_acc_addr,
+    int64_t part_ml_addr, int64_t out_addr, int64_t out_stride_t, int64_t out_stride_h,
+    float* lse_ptr, int64_t lse_stride_t, int64_t sink_addr, int num_heads, float* flag) {
+  if (counters_addr == 0) return;
+  int* counter = reinterpret_cast<int*>(counters_addr) + t * gridDim.y + blockIdx.y;
+  if (!last_split_to_arrive(counter, n_splits, flag)) return;
+  const int warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int hh = warp; hh < kCtaHeads; hh += kWarps) {
+    if (head0 + hh < num_heads)
+      merge_head_splits<kMaxSplits, kHasSink>(
+          t, head0 + hh, n_splits, reinterpret_cast<const float*>(part_acc_addr),
+          reinterpret_cast<const float*>(part_ml_addr), out_addr, out_stride_t, out_stride_h,
+          lse_ptr, lse_stride_t, sink_addr, num_heads, threadIdx.x & 31);
+  }
+}
+
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
           int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes>
 __device__ __forceinline__ void decode_cta(
@@ -489,9 +512,9 @@ __device__ __forceinline__ void decode_cta(
     int64_t part_acc_addr, int64_t part_ml_addr, int64_t counters_addr, int64_t main_addr,
     int64_t main_stride, int main_rows, int main_bs, int64_t main_idx_addr,
     int64_t main_idx_stride, int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride,
-    int extra_rows, int extra_bs,
-    int64_t extra_idx_addr, int64_t extra_idx_stride, int64_t extra_len_addr, int64_t sink_addr,
-    float scale_log2, int num_heads, uint8_t* smem_raw) {
+    int extra_rows, int extra_bs, int64_t extra_idx_addr, int64_t extra_idx_stride,
+    int64_t extra_len_addr, int64_t sink_addr, float scale_log2, int num_heads,
+    uint8_t* smem_raw) {
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole tiles");
   // The buffer TileLang allocates is tilelang_decode.py's smem_bytes(): it must hold this.
   static_assert(sizeof(Smem<kRowsPerSplit>) <= kSmemBytes, "smem_bytes() is smaller than Smem");
@@ -830,20 +853,9 @@ __device__ __forceinline__ void decode_cta(
       if (h_lo < num_heads) *reinterpret_cast<float2*>(p_lo + d) = make_float2(acc[j][0], acc[j][1]);
       if (h_hi < num_heads) *reinterpret_cast<float2*>(p_hi + d) = make_float2(acc[j][2], acc[j][3]);
     }
-    // With counters, the last of the token's splits merges them (warp w: heads w, w + 8).
-    if (counters_addr != 0) {
-      int* counter = reinterpret_cast<int*>(counters_addr) + t * gridDim.y + blockIdx.y;
-      if (last_split_to_arrive(counter, n_splits, &sm.alpha[0])) {
-#pragma unroll
-        for (int hh = warp; hh < kHeads; hh += kWarps) {
-          if (head0 + hh < num_heads)
-            merge_head_splits<kMaxSplits, kHasSink>(
-                t, head0 + hh, n_splits, reinterpret_cast<const float*>(part_acc_addr),
-                reinterpret_cast<const float*>(part_ml_addr), out_addr, out_stride_t, out_stride_h,
-                lse_ptr, lse_stride_t, sink_addr, num_heads, lane);
-        }
-      }
-    }
+    merge_splits_if_last<kMaxSplits, kHasSink, kHeads>(
+        counters_addr, t, head0, n_splits, part_acc_addr, part_ml_addr, out_addr, out_stride_t,
+        out_stride_h, lse_ptr, lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);
   }
 }
 
@@ -921,9 +933,9 @@ __device__ __forceinline__ void decode_cta_narrow(
     int64_t part_acc_addr, int64_t part_ml_addr, int64_t counters_addr, int64_t main_addr,
     int64_t main_stride, int main_rows, int main_bs, int64_t main_idx_addr,
     int64_t main_idx_stride, int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride,
-    int extra_rows, int extra_bs,
-    int64_t extra_idx_addr, int64_t extra_idx_stride, int64_t extra_len_addr, int64_t sink_addr,
-    float scale_log2, int num_heads, uint8_t* smem_raw) {
+    int extra_rows, int extra_bs, int64_t extra_idx_addr, int64_t extra_idx_stride,
+    int64_t extra_len_addr, int64_t sink_addr, float scale_log2, int num_heads,
+    uint8_t* smem_raw) {
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole 16-row steps");
   static_assert(kPrefetch == 1, "the narrow kernel keeps one tile in flight");
   using S = SmemNarrow<kRowsPerSplit>;
@@ -1265,16 +1277,9 @@ __device__ __forceinline__ void decode_cta_narrow(
         *reinterpret_cast<float4*>(part + d) = *reinterpret_cast<const float4*>(&sm.u.stage[warp][d]);
       }
     }
-    // With counters, the last of the token's splits merges them (warp w: head w).
-    if (counters_addr != 0) {
-      int* counter = reinterpret_cast<int*>(counters_addr) + t * gridDim.y + blockIdx.y;
-      if (last_split_to_arrive(counter, n_splits, &sm.alpha[0]) && real) {
-        merge_head_splits<kMaxSplits, kHasSink>(
-            t, h, n_splits, reinterpret_cast<const float*>(part_acc_addr),
-            reinterpret_cast<const float*>(part_ml_addr), out_addr, out_stride_t, out_stride_h,
-            lse_ptr, lse_stride_t, sink_addr, num_heads, lane);
-      }
-    }
+    merge_splits_if_last<kMaxSplits, kHasSink, kNarrowHeads>(
+        counters_addr, t, head0, n_splits, part_acc_addr, part_ml_addr, out_addr, out_stride_t,
+        out_stride_h, lse_ptr, lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);
   }
 }
 

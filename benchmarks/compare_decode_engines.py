@@ -50,6 +50,33 @@ def parse_variant(text: str) -> tuple[str, dict[str, int]]:
     return engine, overrides
 
 
+def ampere_fit_notes(variants: list[tuple[str, str, dict[str, int]]]) -> list[str]:
+    """A line per TileLang variant whose kernels (wide or narrow, at the widest decode
+    index width) need more shared memory than a CTA may use on Ampere: the H200 runs
+    them, but they are experiments, not configs that could ship."""
+    from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES
+    from deepinfer_sm80.ops.sparse_mla.tilelang_decode import DecodeVariant
+
+    base = arch.KERNEL_CONFIGS[CONFIG].constexpr_dict()
+    notes = []
+    for text, engine, overrides in variants:
+        if engine != "tilelang":
+            continue
+        rows = {**base, **overrides}["ROWS_PER_SPLIT"]
+        sizes = {
+            kind: DecodeVariant(128, 512, True, True, rows, narrow=narrow).smem_bytes()
+            for kind, narrow in (("wide", False), ("narrow", True))
+        }
+        over = {k: v for k, v in sizes.items() if v > STATIC_SMEM_LIMIT_BYTES}
+        if over:
+            listed = ", ".join(f"{k} {v} B" for k, v in over.items())
+            notes.append(
+                f"# {text}: shared memory {listed} > {STATIC_SMEM_LIMIT_BYTES} B per CTA "
+                "(Ampere budget): runs here, cannot ship"
+            )
+    return notes
+
+
 def _graph_us(fn, timer: CudaTimer) -> float:
     fn()  # compile outside the capture
     torch.cuda.synchronize()
@@ -75,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{info['gpu']} | torch {info['torch']} | triton {info['triton']} | "
         f"tilelang {info['tilelang']} | CUDA-graph replay, median us"
     )
+    for note in ampere_fit_notes(variants):
+        print(note)
     cases = [
         c
         for c in build_registry().cases()

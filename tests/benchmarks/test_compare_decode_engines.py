@@ -33,3 +33,20 @@ def test_variant_parser():
         cmp.parse_variant("tilelang:STAGES=3")
     with pytest.raises(ValueError, match="NAME=integer"):
         cmp.parse_variant("tilelang:PREFETCH=two")
+
+
+def test_variants_over_the_ampere_shared_memory_budget_are_labelled():
+    variants = [
+        (t, *cmp.parse_variant(t))
+        for t in (
+            "triton",
+            "tilelang:ROWS_PER_SPLIT=192",
+            "tilelang:ROWS_PER_SPLIT=320",
+            "tilelang:ROWS_PER_SPLIT=640",
+        )
+    ]
+    notes = cmp.ampere_fit_notes(variants)
+    # 192 and 320 fit both kernels (narrow at 320: 49,032 of 49,152 B); 640 neither
+    assert len(notes) == 1
+    assert notes[0].startswith("# tilelang:ROWS_PER_SPLIT=640: shared memory wide 57616 B")
+    assert "narrow 56432 B > 49152 B" in notes[0] and "cannot ship" in notes[0]

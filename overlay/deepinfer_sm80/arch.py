@@ -116,6 +116,9 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
         num_stages=1,
         constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 192), ("PREFETCH", 1)),
     ),
+    # The Triton prefill (where TileLang cannot run or DEEPINFER_SPARSE_MLA_PREFILL=triton).
+    # On GPUs the prefill runs the TileLang wide kernel over bf16 rows instead
+    # (tilelang_decode.prefill_variant: the decode tile, one split per token, no knobs).
     "sparse_mla.prefill": LaunchConfig(
         num_warps=4,
         num_stages=1,

@@ -29,6 +29,16 @@ def engine(request, device, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["triton", "tilelang"])
+def prefill_engine(request, device, monkeypatch):
+    """Both prefill kernels: Triton everywhere, the TileLang wide kernel over bf16 rows
+    (decode_sm80.cuh) on a CUDA GPU only."""
+    if request.param == "tilelang" and device.type != "cuda":
+        pytest.skip("the TileLang prefill runs only on a CUDA GPU")
+    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, request.param)
+    return request.param
+
+
 def _realistic_k(n: int, g: torch.Generator) -> torch.Tensor:
     """Latent rows like the model's: N(0, 2) with per-row magnitude spread and outliers."""
     k = torch.randn(n, 512, generator=g) * 1.4
@@ -533,10 +543,18 @@ def make_prefill_case(T, H, S, width, seed, device, holes=0.05):
 
 
 @pytest.mark.parametrize("H", [64, 16])
-def test_prefill_against_reference(device, H):
+def test_prefill_against_reference(device, H, prefill_engine):
     T, S, W = 5, 700, 640
     q, kv, idx, sink = make_prefill_case(T, H, S, W, H, device)
     lens = torch.tensor([640, 513, 129, 1, 0], dtype=torch.int32, device=device)
+    # Workspace rows no counted entry selects are NaN: entries past a token's length (and
+    # -1, and rows past S) must never be read.
+    counted = torch.arange(W, device=device)[None, :] < lens[:, None].long()
+    used = idx[counted & (idx >= 0) & (idx < S)].long().unique()
+    unused = torch.ones(S, dtype=torch.bool, device=device)
+    unused[used] = False
+    assert unused.sum() > 50
+    kv[unused] = float("nan")
     out = nan_empty(T, H, 512, device=device)
     got, max_logits, lse = sparse_mla_prefill(q, kv, idx, SCALE, sink, lens, out=out)
     ref, ref_lse = sparse_mla_prefill_ref(
@@ -552,10 +570,17 @@ def test_prefill_against_reference(device, H):
     assert (got[4] == 0).all() and torch.isinf(lse[4]).all() and torch.isinf(max_logits[4]).all()
     finite = torch.isfinite(ref_lse)
     assert torch.allclose(lse.cpu()[finite], ref_lse[finite], atol=1e-3)
+    # The max logit, against fp32 logits of the counted, real rows.
+    for t in range(4):
+        rows = idx[t, : lens[t]].cpu().long()
+        rows = rows[(rows >= 0) & (rows < S)]
+        logits = (q[t].float().cpu() @ kv[rows].float().cpu().T) * SCALE  # [H, rows]
+        want = logits.max(dim=1).values
+        assert torch.allclose(max_logits[t].cpu(), want, rtol=1e-4, atol=1e-3), t
     assert (max_logits[:4].cpu() <= lse[:4].cpu() + 1e-4).all()
 
 
-def test_prefill_all_holes_and_no_lengths(device):
+def test_prefill_all_holes_and_no_lengths(device, prefill_engine):
     q, kv, idx, _ = make_prefill_case(3, 16, 100, 128, 3, device)
     idx[1] = -1
     got, _, lse = sparse_mla_prefill(q, kv, idx, SCALE, None, None)
@@ -566,7 +591,7 @@ def test_prefill_all_holes_and_no_lengths(device):
 
 
 @pytest.mark.gpu
-def test_prefill_production_chunk(device):
+def test_prefill_production_chunk(device, prefill_engine):
     q, kv, idx, sink = make_prefill_case(2048, 64, 20000, 640, 7, device)
     got, _, _ = sparse_mla_prefill(q, kv, idx, SCALE, sink)
     sub = slice(0, 2048, 97)  # the Python reference is slow: check a spread of tokens
@@ -575,6 +600,20 @@ def test_prefill_production_chunk(device):
         q[sub].cpu(), kv.cpu(), idx[sub].cpu(), SCALE, sink.cpu(), precision="bf16"
     )
     assert_within_torch_budget("prefill chunk", got[sub].float().cpu(), ref, torch_bf16)
+
+
+@pytest.mark.gpu
+def test_prefill_is_batch_invariant_and_deterministic(device, prefill_engine):
+    """A token's prefill output is the same bits alone, inside a batch of 64 other
+    tokens, and run to run."""
+    q, kv, idx, sink = make_prefill_case(65, 64, 5000, 640, 11, device)
+    lens = torch.randint(1, 641, (65,), generator=torch.Generator().manual_seed(3)).int()
+    lens = lens.to(device)
+    batch, _, _ = sparse_mla_prefill(q, kv, idx, SCALE, sink, lens)
+    again, _, _ = sparse_mla_prefill(q, kv, idx, SCALE, sink, lens)
+    alone, _, _ = sparse_mla_prefill(q[40:41], kv, idx[40:41], SCALE, sink, lens[40:41])
+    assert torch.equal(batch, again)
+    assert torch.equal(batch[40:41], alone)
 
 
 def test_errors_name_the_argument(device):
@@ -636,6 +675,59 @@ def test_decode_engine_choice(monkeypatch, caplog):
         mla_kernels.decode_engine(cuda)
 
 
+def test_prefill_engine_choice(monkeypatch):
+    """DEEPINFER_SPARSE_MLA_PREFILL follows the decode switch's rules, on its own."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv(mla_kernels.PREFILL_ENGINE_ENV, raising=False)
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "triton")
+    assert mla_kernels.prefill_engine(cpu) == "triton"
+    monkeypatch.setattr(mla_kernels, "INTERPRETING", False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 6))
+    assert mla_kernels.prefill_engine(cuda) == "tilelang"  # not the decode's choice
+    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, "triton")
+    assert mla_kernels.prefill_engine(cuda) == "triton"
+    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, "tilelang")
+    with pytest.raises(ValueError, match=r"DEEPINFER_SPARSE_MLA_PREFILL=tilelang: it needs"):
+        mla_kernels.prefill_engine(cpu)
+    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, "cutlass")
+    with pytest.raises(ValueError, match=r"PREFILL='cutlass': expected one of auto"):
+        mla_kernels.prefill_engine(cuda)
+
+
+def test_tilelang_prefill_variant_and_refusals():
+    """The prefill variant is the wide kernel over one cache of bf16 rows with one split
+    per token (index widths rounded up to whole 16-row tiles); misaligned workspaces and
+    queries are refused before anything reaches the GPU, naming the way out."""
+    from deepinfer_sm80.ops.sparse_mla import tilelang_decode as td
+
+    v = td.prefill_variant(600, has_len=True, has_sink=False)
+    assert (v.main_width, v.rows_per_split, v.max_splits, v.bf16_rows) == (600, 608, 1, True)
+    assert v.label == "sparse_mla.prefill_tl[600+0,r608,p1,nosink]"
+    assert v.callee().endswith(", true>") and v.smem_bytes() < 48 * 1024
+    # no scale or factor tables: 8 bytes of table per row instead of 47
+    assert (
+        td.prefill_variant(640, True, True).smem_bytes()
+        < td.DecodeVariant(640, 0, True, True, 640).smem_bytes() - 39 * 640 + 64
+    )
+    with pytest.raises(ValueError, match="bf16_rows: the prefill variant is the wide kernel"):
+        td.DecodeVariant(128, 512, True, True, 640, bf16_rows=True)
+    with pytest.raises(ValueError, match="bf16_rows"):
+        td.DecodeVariant(640, 0, True, True, 192, bf16_rows=True)  # 4 splits
+    with pytest.raises(ValueError, match="bf16_rows"):
+        td.DecodeVariant(128, 0, True, True, 128, narrow=True, bf16_rows=True)
+    q = torch.zeros(2, 16, 512, dtype=torch.bfloat16)
+    lse = torch.zeros(2, 16)
+    idx = torch.zeros(2, 640, dtype=torch.int32)
+    flat = torch.zeros(100 * 512 + 8, dtype=torch.bfloat16)
+    kv_odd = flat[1 : 1 + 100 * 512].view(100, 512)  # 2 bytes past an aligned allocation
+    with pytest.raises(ValueError, match=r"kv: the TileLang prefill reads 16-byte pieces"):
+        td.launch_prefill(q, q, lse, lse, kv_odd, idx, None, None, 1.0, 16)
+    kv = torch.zeros(100, 512, dtype=torch.bfloat16)
+    q_odd = torch.zeros(2 * 16 * 512 + 1, dtype=torch.bfloat16)[1:].view(2, 16, 512)
+    with pytest.raises(ValueError, match=r"q: .*DEEPINFER_SPARSE_MLA_PREFILL=triton"):
+        td.launch_prefill(q_odd, q, lse, lse, kv, idx, None, None, 1.0, 16)
+
+
 def test_inputs_on_another_device_are_refused(device):
     """The TileLang path passes raw addresses: a tensor on another device must be refused
     up front (here: the meta device), never turned into a wild address."""
@@ -674,15 +766,15 @@ def test_the_two_copies_of_the_fp8_decode_ptx_are_the_same():
 
 @pytest.mark.aot
 def test_tilelang_decode_fits_ampere():
-    """Every shipped TileLang decode variant (3 index widths, wide and narrow kernels)
-    compiles for sm_80 and sm_86 within 48 KB of shared memory, without spills, and
-    leaves room for two 256-thread CTAs per SM."""
+    """Every shipped TileLang variant (decode: 3 index widths, wide and narrow kernels;
+    prefill: 2 widths over bf16 rows) compiles for sm_80 and sm_86 within 48 KB of shared
+    memory, without spills, and leaves room for two 256-thread CTAs per SM."""
     from deepinfer_sm80.ops.sparse_mla.tilelang_decode import fit_reports, shipped_variants
     from deepinfer_sm80.testing.ampere_fit import fit_violations, format_reports
 
     reports = fit_reports()
     print(format_reports(reports))
-    assert len(reports) == 2 * len(shipped_variants()) == 12
+    assert len(reports) == 2 * len(shipped_variants()) == 16
     assert fit_violations(reports) == []
     assert all(r.min_ctas_per_sm == 2 and r.threads == 256 for r in reports)
 
@@ -703,7 +795,7 @@ def test_tilelang_decode_aot_build_and_refusal(tmp_path, monkeypatch):
         monkeypatch.setattr(cache, "_memory_cache", {})
     assert tilelang_decode.main(["aot", str(tmp_path / "ok"), "--arches", "8.0 8.6"]) == 0
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
-    assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 12
+    assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 16
     assert any((tmp_path / "ok" / "tilelang").rglob("*")), "no TileLang cache entries written"
     # Three CTAs per SM caps registers at 80: the kernel spills (measured: 108 B on sm_80).
     monkeypatch.setattr(tilelang_decode, "MIN_CTAS_PER_SM", 3)
@@ -713,8 +805,8 @@ def test_tilelang_decode_aot_build_and_refusal(tmp_path, monkeypatch):
 
 
 @pytest.mark.aot
-@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
-def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch, narrow):
+@pytest.mark.parametrize("kind", ["wide", "narrow", "prefill"])
+def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch, kind):
     """decode_sm80.cuh's static_assert ties its Smem struct to smem_bytes(), the size
     TileLang allocates: a formula that undercounts fails the build instead of overrunning
     shared memory. The shipped size compiles (test_tilelang_decode_fits_ampere)."""
@@ -723,7 +815,10 @@ def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch, narrow):
     from deepinfer_sm80.ops.sparse_mla import tilelang_decode
 
     # A split size nothing else compiles: this process's kernel cache cannot answer.
-    variant = tilelang_decode.DecodeVariant(128, 512, True, True, 176, narrow=narrow)
+    if kind == "prefill":
+        variant = tilelang_decode.prefill_variant(176, True, True)
+    else:
+        variant = tilelang_decode.DecodeVariant(128, 512, True, True, 176, narrow=kind == "narrow")
     real = tilelang_decode.DecodeVariant.smem_bytes
     monkeypatch.setattr(tilelang_decode.DecodeVariant, "smem_bytes", lambda v: real(v) - 8)
     with pytest.raises(Exception, match=r"smem_bytes\(\) is smaller than Smem"):

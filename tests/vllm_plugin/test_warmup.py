@@ -85,3 +85,8 @@ def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypat
     assert str(seen["aot_dir"]) == "/opt/kernels/sparse_mla"
     # The in-kernel split merge's counters, sized for the largest batch before any capture.
     assert reserved == [("cpu", _runner().scheduler_config.max_num_batched_tokens)]
+    # TileLang prefill alone (decode forced to Triton): its kernels compile, no counters.
+    monkeypatch.setattr(triton_kernel, "decode_engine", lambda device: "triton")
+    monkeypatch.setattr(triton_kernel, "prefill_engine", lambda device: "tilelang")
+    assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}, {"variant": "d"}]
+    assert len(reserved) == 1

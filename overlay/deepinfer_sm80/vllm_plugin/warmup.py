@@ -52,17 +52,18 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
         time.perf_counter() - start,
         max_tokens,
     )
-    # The sparse-MLA decode kernel (TileLang) too, so no compile lands in a CUDA-graph
-    # capture or a first request; skipped where the Triton decode is the one that runs.
+    # The sparse-MLA decode and prefill kernels (TileLang) too, so no compile lands in a
+    # CUDA-graph capture or a first request; skipped where the Triton kernels run.
     import torch
 
     from deepinfer_sm80.ops.sparse_mla import tilelang_decode
-    from deepinfer_sm80.ops.sparse_mla.triton_kernel import decode_engine
+    from deepinfer_sm80.ops.sparse_mla.triton_kernel import decode_engine, prefill_engine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if decode_engine(device) == "tilelang":
+    if "tilelang" in (decode_engine(device), prefill_engine(device)):
         aot_mla = Path(aot) / "sparse_mla" if aot else None
         records += tilelang_decode.warmup(log=logger.info, aot_dir=aot_mla)
+    if decode_engine(device) == "tilelang":
         # The in-kernel split merge's counters, sized before vLLM captures CUDA graphs.
         tilelang_decode.reserve_split_counters(device, max_tokens)
     return records

@@ -50,6 +50,12 @@
 // in base 2 internally. Rows that are -1, outside their cache or past the token's
 // length are skipped and never read; a token without rows gets 0 (lse -inf).
 //
+// Prefill (kBf16Rows): the same wide kernel over the bf16 gather workspace that vLLM
+// builds (rows of 512 bf16, 1024 bytes, no scales), one split per token. Every warp then
+// takes the RoPE warp's path: its 64 dims are copied into its slice as they are, with no
+// query bias and every factor 1. It also writes the max logit, which FlashMLA's prefill
+// returns.
+//
 // Compiled through TileLang (tilelang_decode.py imports this file with T.import_source
 // and calls deepinfer_mla::decode_cta from a T.Kernel): the per-warp MMAs on warp-private
 // tiles are below what T.gemm's CTA-wide warp policies express.
@@ -74,15 +80,17 @@ constexpr uint32_t kFullDecodeShift = 64;  // a row decoded in full holds k * 2^
 constexpr uint32_t kQBiasBf16x2 = 0x5F805F80u;  // bf16x2 of 2^64
 constexpr float kAccUnbias = 18446744073709551616.0f;  // 2^64
 
-template <int kRowsPerSplit>
+// kTableRows: rows of the scale and factor tables, 1 for bf16 rows (prefill), which have
+// neither.
+template <int kRowsPerSplit, int kTableRows>
 struct Smem {
   uint16_t ks[kWarps][kRows][kKsStride];  // each warp's decoded 16 x 64 bf16 slice
   float sp[kWarps][kHeads][kRows];        // each warp's partial logits, see sp_col
   uint16_t ps[kHeads][kPsStride];         // P (bf16) of the tile
   float alpha[kHeads];                    // rescale of the tile; the final factor at the end
   const uint8_t* rec[kRowsPerSplit];      // the split's record addresses (nullptr = skip)
-  uint8_t scale[kNopeWarps][kRowsPerSplit];  // their scale bytes, by group (0 for a skipped row)
-  alignas(8) uint32_t fold[kWarps][kRowsPerSplit];  // their folded factors, fp32 bits (group 7: 1)
+  uint8_t scale[kNopeWarps][kTableRows];  // their scale bytes, by group (0 for a skipped row)
+  alignas(8) uint32_t fold[kWarps][kTableRows];  // their folded factors, fp32 bits (group 7: 1)
   uint32_t valid[(kRowsPerSplit + 31) / 32];  // bit i: row i of the split is real
 };
 
@@ -188,9 +196,10 @@ struct TileBytes {
 // earlier tile -- and has scale byte 0, so its raw decode is finite (below 2^-111) and
 // its P of exactly 0 leaves it out; rewriting the registers per skipped row would cost
 // every tile as many moves.
+template <bool kBf16Rows>
 __device__ __forceinline__ void load_tile(TileBytes& b, const uint8_t* const* rec, int i0,
                                           int warp, int lane) {
-  if (warp < kNopeWarps) {
+  if (!kBf16Rows && warp < kNopeWarps) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const uint8_t* r = rec[i0 + (lane >> 2) + 8 * i];
@@ -200,7 +209,9 @@ __device__ __forceinline__ void load_tile(TileBytes& b, const uint8_t* const* re
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint8_t* r = rec[i0 + (lane >> 3) + 4 * i];
-      if (r != nullptr) b.v[i] = __ldg(reinterpret_cast<const uint4*>(r + 448 + 16 * (lane & 7)));
+      // bf16 rows: warp w's 64 dims are bytes 128 w .. 128 w + 127 (the RoPE part at 896)
+      const int at = (kBf16Rows ? 128 * warp : 448) + 16 * (lane & 7);
+      if (r != nullptr) b.v[i] = __ldg(reinterpret_cast<const uint4*>(r + at));
     }
   }
 }
@@ -250,9 +261,10 @@ __device__ __forceinline__ void store_chunk(uint16_t* dst, const uint4& v, uint3
 
 // The lane's share of the tile into the warp's bf16 slice ks (16 rows of kKsStride).
 // scale: this warp's scale bytes of the tile's rows (NoPE warps).
+template <bool kBf16Rows>
 __device__ __forceinline__ void store_tile(uint16_t* ks, const TileBytes& b, const uint8_t* scale,
                                            int warp, int lane) {
-  if (warp < kNopeWarps) {
+  if (!kBf16Rows && warp < kNopeWarps) {
     const uint32_t s0 = scale[lane >> 2], s1 = scale[(lane >> 2) + 8];
     // One warp-wide choice per tile: the per-chunk branch would keep ptxas from
     // interleaving the chunks' decodes.
@@ -323,9 +335,11 @@ __device__ __forceinline__ int split_size(int total, int n_splits) {
 
 // Row r of token t (main cache rows first, then the extra cache's): its record's address,
 // or nullptr when its index is -1 or outside the cache (a skipped row, scale_bytes left
-// as they are), and its 8 scale bytes. Both kernels' prologues call it; the branches are
-// written per cache on purpose (a version choosing a cache struct by reference measured
-// 2-7% slower, NVIDIA_H200.decode_tilelang_s9_experiments.log section 11).
+// as they are), and its 8 scale bytes (not with kScales false: bf16 rows have none). Both
+// kernels' prologues call it; the branches are written per cache on purpose (a version
+// choosing a cache struct by reference measured 2-7% slower,
+// NVIDIA_H200.decode_tilelang_s9_experiments.log section 11).
+template <bool kScales = true>
 __device__ __forceinline__ const uint8_t* resolve_row(
     int64_t t, int r, int main_len, int64_t main_addr, int64_t main_stride, int main_rows,
     int main_bs, int64_t main_idx_addr, int64_t main_idx_stride, int64_t extra_addr,
@@ -351,8 +365,9 @@ __device__ __forceinline__ const uint8_t* resolve_row(
   if (slot < 0 || slot >= rows) return nullptr;
   const uint8_t* page = base + static_cast<int64_t>(slot / bs) * stride;
   const int within = slot % bs;
-  scale_bytes = __ldg(reinterpret_cast<const uint2*>(
-      page + static_cast<int64_t>(bs) * kRecordBytes + within * 8));
+  if (kScales)
+    scale_bytes = __ldg(reinterpret_cast<const uint2*>(
+        page + static_cast<int64_t>(bs) * kRecordBytes + within * 8));
   return page + static_cast<int64_t>(within) * kRecordBytes;
 }
 
@@ -505,20 +520,22 @@ __device__ __forceinline__ void merge_splits_if_last(
 }
 
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
-          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes>
+          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows>
 __device__ __forceinline__ void decode_cta(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
-    int64_t part_acc_addr, int64_t part_ml_addr, int64_t counters_addr, int64_t main_addr,
-    int64_t main_stride, int main_rows, int main_bs, int64_t main_idx_addr,
-    int64_t main_idx_stride, int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride,
-    int extra_rows, int extra_bs, int64_t extra_idx_addr, int64_t extra_idx_stride,
+    int64_t max_logits_addr, int64_t part_acc_addr, int64_t part_ml_addr,
+    int64_t counters_addr, int64_t main_addr, int64_t main_stride, int main_rows, int main_bs,
+    int64_t main_idx_addr, int64_t main_idx_stride, int64_t main_len_addr, int64_t extra_addr,
+    int64_t extra_stride, int extra_rows, int extra_bs, int64_t extra_idx_addr,
+    int64_t extra_idx_stride,
     int64_t extra_len_addr, int64_t sink_addr, float scale_log2, int num_heads,
     uint8_t* smem_raw) {
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole tiles");
   // The buffer TileLang allocates is tilelang_decode.py's smem_bytes(): it must hold this.
-  static_assert(sizeof(Smem<kRowsPerSplit>) <= kSmemBytes, "smem_bytes() is smaller than Smem");
-  auto& sm = *reinterpret_cast<Smem<kRowsPerSplit>*>(smem_raw);
+  using S = Smem<kRowsPerSplit, kBf16Rows ? 1 : kRowsPerSplit>;
+  static_assert(sizeof(S) <= kSmemBytes, "smem_bytes() is smaller than Smem");
+  auto& sm = *reinterpret_cast<S*>(smem_raw);
   const int64_t t = blockIdx.x;
   const int head0 = blockIdx.y * kHeads;
   const int split = blockIdx.z;
@@ -532,7 +549,7 @@ __device__ __forceinline__ void decode_cta(
   // NoPE warps: in the tile's pair order (lane c holds dims b + (c & 1) and b + 2 + (c & 1)
   // of the 4-dim block b = 16 kk + 4 (c >> 1)) and times 2^64. The raw words are loaded
   // here and rearranged after the index loads below, so both loads are in flight at once.
-  const bool nope = warp < kNopeWarps;
+  const bool nope = !kBf16Rows && warp < kNopeWarps;
   uint32_t qw[4][4][2];
   {
     const uint16_t* q = reinterpret_cast<const uint16_t*>(q_addr) + t * q_stride_t + 64 * warp;
@@ -575,9 +592,10 @@ __device__ __forceinline__ void decode_cta(
     const uint8_t* rec = nullptr;
     scale_bytes[k] = make_uint2(0u, 0u);
     if (i < kRowsPerSplit && r < r_end) {
-      rec = resolve_row(t, r, main_len, main_addr, main_stride, main_rows, main_bs, main_idx_addr,
-                        main_idx_stride, extra_addr, extra_stride, extra_rows, extra_bs,
-                        extra_idx_addr, extra_idx_stride, scale_bytes[k]);
+      rec = resolve_row<!kBf16Rows>(t, r, main_len, main_addr, main_stride, main_rows, main_bs,
+                                    main_idx_addr, main_idx_stride, extra_addr, extra_stride,
+                                    extra_rows, extra_bs, extra_idx_addr, extra_idx_stride,
+                                    scale_bytes[k]);
     }
     if (i < kRowsPerSplit) sm.rec[i] = rec;
     const uint32_t real = __ballot_sync(0xffffffffu, rec != nullptr);
@@ -629,12 +647,12 @@ __device__ __forceinline__ void decode_cta(
 #pragma unroll
   for (int k = 0; k < kPrefetch; ++k) {
     buf[k].v[0] = buf[k].v[1] = buf[k].v[2] = buf[k].v[3] = make_uint4(0u, 0u, 0u, 0u);
-    if (r_begin + k * kRows < r_end) load_tile(buf[k], sm.rec, k * kRows, warp, lane);
+    if (r_begin + k * kRows < r_end) load_tile<kBf16Rows>(buf[k], sm.rec, k * kRows, warp, lane);
   }
 #pragma unroll
   for (int k = 0; k < kResolveRounds; ++k) {
     const int i = k * kWarps * 32 + threadIdx.x;
-    if (i < kRowsPerSplit) {
+    if (!kBf16Rows && i < kRowsPerSplit) {
 #pragma unroll
       for (int grp = 0; grp < kNopeWarps; ++grp) {
         const uint32_t word = grp < 4 ? scale_bytes[k].x : scale_bytes[k].y;
@@ -651,16 +669,21 @@ __device__ __forceinline__ void decode_cta(
     const int i0 = r0 - r_begin;
     // Which of the tile's 16 rows are real (bit j = row r0 + j).
     const uint32_t valid = (sm.valid[i0 >> 5] >> (i0 & 31)) & 0xffffu;
-    const uint8_t* tile_scale = &sm.scale[nope ? warp : 0][i0];
+    const uint8_t* tile_scale = kBf16Rows ? nullptr : &sm.scale[nope ? warp : 0][i0];
 
     // The tile's folded factors (fp32 bits) for the rows 2c, 2c+1 (f01) and 8+2c, 9+2c
     // (f89) of this lane's fragments; 1 for the RoPE warp, so every warp runs one path.
-    const uint2 f01 = *reinterpret_cast<const uint2*>(&sm.fold[warp][i0 + 2 * c]);
-    const uint2 f89 = *reinterpret_cast<const uint2*>(&sm.fold[warp][i0 + 8 + 2 * c]);
+    // bf16 rows have no scales: every factor is 1.
+    constexpr uint32_t kOne = kUnitField << 23;
+    uint2 f01 = make_uint2(kOne, kOne), f89 = f01;
+    if (!kBf16Rows) {
+      f01 = *reinterpret_cast<const uint2*>(&sm.fold[warp][i0 + 2 * c]);
+      f89 = *reinterpret_cast<const uint2*>(&sm.fold[warp][i0 + 8 + 2 * c]);
+    }
 
-    store_tile(ks, cur, tile_scale, warp, lane);
+    store_tile<kBf16Rows>(ks, cur, tile_scale, warp, lane);
     // The bytes are decoded: refill the buffer with the tile kPrefetch ahead.
-    if (r0 + kPrefetch * kRows < r_end) load_tile(cur, sm.rec, i0 + kPrefetch * kRows, warp, lane);
+    if (r0 + kPrefetch * kRows < r_end) load_tile<kBf16Rows>(cur, sm.rec, i0 + kPrefetch * kRows, warp, lane);
     __syncwarp();
 
     // Partial logits of this warp's 64 dims: 16 heads x 16 rows, two n-tiles of 8 rows,
@@ -819,7 +842,13 @@ __device__ __forceinline__ void decode_cta(
       __syncthreads();  // every warp has read the last tile's alpha
       if (own_col == 0) {
         sm.alpha[own_row] = alpha / den;
-        if (h < num_heads) lse_ptr[t * lse_stride_t + h] = lse;
+        if (h < num_heads) {
+          lse_ptr[t * lse_stride_t + h] = lse;
+          // Prefill's max logit (natural log units, lse's layout): FlashMLA returns it.
+          if (max_logits_addr != 0)
+            reinterpret_cast<float*>(max_logits_addr)[t * lse_stride_t + h] =
+                has_rows ? m_run / kLog2e : -INFINITY;
+        }
       }
       __syncthreads();
     }
@@ -930,10 +959,11 @@ template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kH
 __device__ __forceinline__ void decode_cta_narrow(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
-    int64_t part_acc_addr, int64_t part_ml_addr, int64_t counters_addr, int64_t main_addr,
-    int64_t main_stride, int main_rows, int main_bs, int64_t main_idx_addr,
-    int64_t main_idx_stride, int64_t main_len_addr, int64_t extra_addr, int64_t extra_stride,
-    int extra_rows, int extra_bs, int64_t extra_idx_addr, int64_t extra_idx_stride,
+    int64_t max_logits_addr, int64_t part_acc_addr, int64_t part_ml_addr,
+    int64_t counters_addr, int64_t main_addr, int64_t main_stride, int main_rows, int main_bs,
+    int64_t main_idx_addr, int64_t main_idx_stride, int64_t main_len_addr, int64_t extra_addr,
+    int64_t extra_stride, int extra_rows, int extra_bs, int64_t extra_idx_addr,
+    int64_t extra_idx_stride,
     int64_t extra_len_addr, int64_t sink_addr, float scale_log2, int num_heads,
     uint8_t* smem_raw) {
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole 16-row steps");

@@ -3,7 +3,9 @@
 once per CTA and no warp re-reads the query from shared memory): the wide kernel (16
 heads x 16 rows per tile) and, for 8 heads per rank or fewer, the narrow one (MMAs
 transposed so that n is the 8 heads, 32-row tiles). The head count is fixed per
-deployment, so the choice keeps results batch-invariant.
+deployment, so the choice keeps results batch-invariant. Prefill runs the wide kernel
+over the bf16 rows of vLLM's gather workspace (``launch_prefill``): no scales, one split
+per token, 1.8-1.9x the Triton prefill kernel on the H200.
 
 The kernel body is CUDA C++ imported with ``T.import_source`` and called from a
 ``T.Kernel``: it needs per-warp MMAs on warp-private tiles, which ``T.gemm``'s CTA-wide
@@ -33,6 +35,7 @@ from deepinfer_sm80.arch import kernel_config
 from deepinfer_sm80.ops.mhc.compile import get_kernel
 
 DSPARK_SWA_WIDTH_K5 = 192  # vLLM: round_up(window 128 + K 5, 64)
+PREFILL_WIDTHS = (640, 128)  # vLLM: round_up(topk + window, 128), topk 512 or 0
 
 THREADS = 256  # 8 warps: one per 64-dim scale group
 HEADS_PER_CTA = 16  # the wide kernel, decode_cta
@@ -57,6 +60,9 @@ class DecodeVariant:
     rows_per_split: int
     prefetch: int = 1  # tiles whose loads are in flight ahead of the one computed (1 or 2)
     narrow: bool = False  # decode_cta_narrow: at most NARROW_HEADS heads per rank
+    # Prefill: the wide kernel over bf16 rows of vLLM's gather workspace (no scales), one
+    # split per token.
+    bf16_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.rows_per_split % ROWS_PER_TILE:
@@ -66,6 +72,12 @@ class DecodeVariant:
         if self.narrow and self.prefetch != 1:
             raise ValueError(
                 f"prefetch: the narrow kernel keeps 1 tile in flight, not {self.prefetch}"
+            )
+        if self.bf16_rows and (self.narrow or self.extra_width or self.max_splits != 1):
+            raise ValueError(
+                "bf16_rows: the prefill variant is the wide kernel over one cache with one "
+                f"split per token (narrow={self.narrow}, extra_width={self.extra_width}, "
+                f"rows_per_split={self.rows_per_split} for {self.main_width} rows)"
             )
 
     @property
@@ -83,8 +95,9 @@ class DecodeVariant:
     @property
     def label(self) -> str:
         flags = ("" if self.has_len else ",nolen") + ("" if self.has_sink else ",nosink")
+        op = "prefill" if self.bf16_rows else "decode"
         return (
-            f"sparse_mla.decode_tl[{self.main_width}+{self.extra_width},"
+            f"sparse_mla.{op}_tl[{self.main_width}+{self.extra_width},"
             f"r{self.rows_per_split},p{self.prefetch}{flags}{',h8' if self.narrow else ''}]"
         )
 
@@ -114,8 +127,9 @@ class DecodeVariant:
         ps = HEADS_PER_CTA * 24 * 2
         alpha = HEADS_PER_CTA * 4
         records = 8 * rps  # one pointer per row
-        scales = 7 * rps  # one byte per row and NoPE group
-        folds = 4 * 8 * rps  # one fp32 factor per row and group
+        table_rows = 1 if self.bf16_rows else rps  # bf16 rows have no scales
+        scales = -(-7 * table_rows // 8) * 8  # one byte per row and NoPE group, 8-aligned
+        folds = 4 * 8 * table_rows  # one fp32 factor per row and group
         real_rows = 4 * -(-rps // 32)  # one bit per row
         size = ks + sp + ps + alpha + records + scales + folds + real_rows
         return -(-size // 8) * 8  # the struct's alignment: its pointers
@@ -126,7 +140,8 @@ class DecodeVariant:
             f"deepinfer_mla::{'decode_cta_narrow' if self.narrow else 'decode_cta'}"
             f"<{self.main_width}, {self.extra_width}, "
             f"{b[self.has_extra]}, {b[self.has_len]}, {b[self.has_sink]}, "
-            f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}>"
+            f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}"
+            f"{'' if self.narrow else ', ' + b[self.bf16_rows]}>"
         )
 
     def build(self):
@@ -152,6 +167,7 @@ class DecodeVariant:
             out_addr: T.int64,
             out_stride_t: T.int64,
             out_stride_h: T.int64,
+            max_logits_addr: T.int64,
             part_acc_addr: T.int64,
             part_ml_addr: T.int64,
             counters_addr: T.int64,
@@ -193,6 +209,7 @@ class DecodeVariant:
                     out_stride_h,
                     T.address_of(lse[0, 0]),
                     padded_heads,
+                    max_logits_addr,
                     part_acc_addr,
                     part_ml_addr,
                     counters_addr,
@@ -226,6 +243,7 @@ class DecodeVariant:
 
 
 DECODE_ENGINE_HINT = "DEEPINFER_SPARSE_MLA_DECODE=triton"
+PREFILL_ENGINE_HINT = "DEEPINFER_SPARSE_MLA_PREFILL=triton"
 _seen: set[DecodeVariant] = set()
 
 
@@ -234,23 +252,27 @@ def _note_first_use(variant: DecodeVariant) -> None:
     _seen.add(variant)
     if variant not in shipped_variants():
         logging.getLogger("deepinfer_sm80.sparse_mla").warning(
-            "sparse MLA decode: %s is not among the variants warmup compiles; it compiles "
-            "on first use",
+            "sparse MLA: %s is not among the variants warmup compiles; it compiles on first use",
             variant.label,
         )
 
 
 def shipped_variants() -> list[DecodeVariant]:
-    """What a DeepSeek-V4.1 server launches: SWA 128 + Top-K 512 (compressed layers),
-    SWA 128 alone, and the DSpark draft layers' 192-row window; vLLM always passes the
-    lengths and the sink. Split size and prefetch depth are arch.py's."""
+    """What a DeepSeek-V4.1 server launches. Decode: SWA 128 + Top-K 512 (compressed
+    layers), SWA 128 alone, and the DSpark draft layers' 192-row window, wide and narrow;
+    prefill: the two index widths of the bf16 workspace. vLLM always passes the lengths
+    and the sink. Decode's split size and prefetch depth are arch.py's."""
     cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
     rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
-    return [
+    decode = [
         DecodeVariant(main, extra, True, True, rps, 1 if narrow else prefetch, narrow)
         for narrow in (False, True)
         for main, extra in ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
     ]
+    # Prefill index rows: round_up(topk + window, 128) wide (vLLM's
+    # combine_topk_swa_indices): 640 with Top-K 512, 128 for SWA-only layers.
+    prefill = [prefill_variant(width, True, True) for width in PREFILL_WIDTHS]
+    return decode + prefill
 
 
 def fit_reports(ccs=(80, 86)) -> list:
@@ -449,6 +471,7 @@ def launch(
         out.data_ptr(),
         out.stride(0),
         out.stride(1),
+        0,  # max logits: prefill only
         part_acc.data_ptr(),
         part_ml.data_ptr(),
         counters.data_ptr() if counters is not None else 0,
@@ -470,6 +493,72 @@ def launch(
         scale_log2,
         heads,
     )
+
+
+def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2: float, heads):
+    """Prefill through the wide kernel over bf16 rows (``DecodeVariant.bf16_rows``), on
+    tensors ``triton_kernel.sparse_mla_prefill`` has validated: ``kv`` ``[S, 512]`` bf16
+    rows, ``idx`` ``[T, W]`` int32 rows into it, ``lens`` ``[T]`` or None, ``lse`` and
+    ``max_logits`` fresh ``[T, H]`` f32. One split per token, no partials. The kernel
+    moves rows in 16-byte pieces and q/out as 32-bit pairs: misaligned tensors are refused
+    (checked here)."""
+    row_bytes = kv.stride(0) * kv.element_size()
+    if kv.data_ptr() % 16 or row_bytes % 16:
+        raise ValueError(
+            f"kv: the TileLang prefill reads 16-byte pieces of each row (address % 16 = "
+            f"{kv.data_ptr() % 16}, row stride {row_bytes} bytes); pass a contiguous "
+            f"workspace or set {PREFILL_ENGINE_HINT}"
+        )
+    for name, t in (("q", q), ("out", out)):
+        if t.data_ptr() % 4 or t.stride(0) % 2 or t.stride(1) % 2:
+            raise ValueError(
+                f"{name}: the TileLang prefill needs a 4-byte-aligned tensor with even "
+                f"strides (address % 4 = {t.data_ptr() % 4}, strides {t.stride()}); pass "
+                f"a contiguous tensor or set {PREFILL_ENGINE_HINT}"
+            )
+    if lse.stride() != max_logits.stride():
+        raise ValueError("max_logits: must have lse's layout (the kernel writes both alike)")
+    width = idx.shape[1]
+    variant = prefill_variant(width, has_len=lens is not None, has_sink=attn_sink is not None)
+    if variant not in _seen:
+        _note_first_use(variant)
+    get_kernel(variant)(
+        lse,
+        q.data_ptr(),
+        q.stride(0),
+        q.stride(1),
+        out.data_ptr(),
+        out.stride(0),
+        out.stride(1),
+        max_logits.data_ptr(),
+        lse.data_ptr(),  # partials: one split, never touched
+        lse.data_ptr(),
+        0,  # no split counters
+        kv.data_ptr(),
+        row_bytes,  # a "page" per row: block size 1
+        kv.shape[0],
+        1,
+        idx.data_ptr(),
+        idx.stride(0),
+        lens.data_ptr() if lens is not None else 0,
+        0,
+        0,
+        0,
+        1,
+        0,
+        0,
+        0,
+        attn_sink.data_ptr() if attn_sink is not None else 0,
+        scale_log2,
+        heads,
+    )
+
+
+def prefill_variant(width: int, has_len: bool, has_sink: bool) -> DecodeVariant:
+    """The prefill kernel for index rows of ``width`` entries: one split of all of them
+    (rounded up to whole 16-row tiles)."""
+    rows = max(ROWS_PER_TILE, -(-width // ROWS_PER_TILE) * ROWS_PER_TILE)
+    return DecodeVariant(width, 0, has_len, has_sink, rows, 1, False, True)
 
 
 if __name__ == "__main__":

@@ -637,7 +637,8 @@ def sparse_mla_decode(
 
 
 DECODE_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_DECODE"
-_DECODE_ENGINES = ("auto", "tilelang", "triton")
+PREFILL_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_PREFILL"
+_ENGINES = ("auto", "tilelang", "triton")
 
 
 def decode_engine(device: torch.device) -> str:
@@ -646,25 +647,33 @@ def decode_engine(device: torch.device) -> str:
     installed, no Triton interpreter), else ``triton`` (this module's unified kernel).
     ``DEEPINFER_SPARSE_MLA_DECODE=triton|tilelang`` forces one; forcing ``tilelang``
     where it cannot run is refused with the reason."""
-    choice = os.environ.get(DECODE_ENGINE_ENV, "auto").strip().lower() or "auto"
-    if choice not in _DECODE_ENGINES:
-        raise ValueError(
-            f"{DECODE_ENGINE_ENV}={choice!r}: expected one of {', '.join(_DECODE_ENGINES)}"
-        )
+    return _engine(device, DECODE_ENGINE_ENV, "decode")
+
+
+def prefill_engine(device: torch.device) -> str:
+    """The same choice for prefill (``DEEPINFER_SPARSE_MLA_PREFILL``): ``tilelang`` runs
+    ``decode_sm80.cuh``'s wide kernel over the bf16 rows, ``triton`` this module's."""
+    return _engine(device, PREFILL_ENGINE_ENV, "prefill")
+
+
+def _engine(device: torch.device, env: str, what: str) -> str:
+    choice = os.environ.get(env, "auto").strip().lower() or "auto"
+    if choice not in _ENGINES:
+        raise ValueError(f"{env}={choice!r}: expected one of {', '.join(_ENGINES)}")
     if choice == "triton":
         return choice
     why_not = _tilelang_unusable(device)
     if why_not is None:
         return "tilelang"
     if choice == "tilelang":
-        raise ValueError(f"{DECODE_ENGINE_ENV}=tilelang: {why_not}; unset it or choose triton")
+        raise ValueError(f"{env}=tilelang: {why_not}; unset it or choose triton")
     if device.type == "cuda" and not INTERPRETING:  # auto fell back on a GPU: say so once
-        _warn_once(f"sparse MLA decode runs the Triton kernel: {why_not}")
+        _warn_once(f"sparse MLA {what} runs the Triton kernel: {why_not}")
     return "triton"
 
 
 def _tilelang_unusable(device: torch.device) -> str | None:
-    """Why the TileLang decode cannot run on ``device`` (None = it can)."""
+    """Why the TileLang kernels cannot run on ``device`` (None = they can)."""
     if device.type != "cuda" or INTERPRETING:
         return f"it needs a CUDA device without TRITON_INTERPRET (got {device})"
     if "tilelang" not in sys.modules and importlib.util.find_spec("tilelang") is None:
@@ -734,6 +743,11 @@ def sparse_mla_prefill(
     if T == 0:
         return out, max_logits, lse
     # Prefill has tokens enough to fill the GPU: one split per token.
+    if prefill_engine(q.device) == "tilelang":
+        tilelang_decode.launch_prefill(
+            q, out, lse, max_logits, kv, idx, lens, attn_sink, sm_scale * LOG2E, H
+        )
+        return out, max_logits, lse
     _launch(
         q,
         out,

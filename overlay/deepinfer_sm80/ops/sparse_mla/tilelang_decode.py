@@ -409,6 +409,23 @@ def reserve_split_counters(device, max_tokens: int, max_heads: int = 64) -> None
     split_counters(device, counter_slots(max_tokens, max_heads))
 
 
+def _check_bf16_pairs(op: str, hint: str, **tensors) -> None:
+    """The kernels move q and out as 32-bit pairs of bf16: each must be 4-byte aligned
+    with even strides."""
+    for name, t in tensors.items():
+        if t.data_ptr() % 4 or t.stride(0) % 2 or t.stride(1) % 2:
+            raise ValueError(
+                f"{name}: the TileLang {op} needs a 4-byte-aligned tensor with even "
+                f"strides (address % 4 = {t.data_ptr() % 4}, strides {t.stride()}); pass "
+                f"a contiguous tensor or set {hint}"
+            )
+
+
+def _q_out_args(q, out) -> tuple:
+    """The kernels' first arguments after lse: q and out as addresses with their strides."""
+    return (q.data_ptr(), q.stride(0), q.stride(1), out.data_ptr(), out.stride(0), out.stride(1))
+
+
 def launch(
     q,
     out,
@@ -436,13 +453,7 @@ def launch(
     the kernel merges them itself, else the caller launches the reduction. The kernel moves
     q and out as 32-bit pairs: both must be 4-byte aligned with even strides (checked
     here)."""
-    for name, t in (("q", q), ("out", out)):
-        if t.data_ptr() % 4 or t.stride(0) % 2 or t.stride(1) % 2:
-            raise ValueError(
-                f"{name}: the TileLang decode needs a 4-byte-aligned tensor with even "
-                f"strides (address % 4 = {t.data_ptr() % 4}, strides {t.stride()}); pass "
-                f"a contiguous tensor or set {DECODE_ENGINE_HINT}"
-            )
+    _check_bf16_pairs("decode", DECODE_ENGINE_HINT, q=q, out=out)
     cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
     if (cfg["BLOCK_H"], cfg["BLOCK_N"]) != (HEADS_PER_CTA, ROWS_PER_TILE):
         raise ValueError(
@@ -465,12 +476,7 @@ def launch(
     has_extra = extra is not None
     get_kernel(variant)(
         lse,
-        q.data_ptr(),
-        q.stride(0),
-        q.stride(1),
-        out.data_ptr(),
-        out.stride(0),
-        out.stride(1),
+        *_q_out_args(q, out),
         0,  # max logits: prefill only
         part_acc.data_ptr(),
         part_ml.data_ptr(),
@@ -509,13 +515,7 @@ def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2
             f"{kv.data_ptr() % 16}, row stride {row_bytes} bytes); pass a contiguous "
             f"workspace or set {PREFILL_ENGINE_HINT}"
         )
-    for name, t in (("q", q), ("out", out)):
-        if t.data_ptr() % 4 or t.stride(0) % 2 or t.stride(1) % 2:
-            raise ValueError(
-                f"{name}: the TileLang prefill needs a 4-byte-aligned tensor with even "
-                f"strides (address % 4 = {t.data_ptr() % 4}, strides {t.stride()}); pass "
-                f"a contiguous tensor or set {PREFILL_ENGINE_HINT}"
-            )
+    _check_bf16_pairs("prefill", PREFILL_ENGINE_HINT, q=q, out=out)
     if lse.stride() != max_logits.stride():
         raise ValueError("max_logits: must have lse's layout (the kernel writes both alike)")
     width = idx.shape[1]
@@ -524,12 +524,7 @@ def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2
         _note_first_use(variant)
     get_kernel(variant)(
         lse,
-        q.data_ptr(),
-        q.stride(0),
-        q.stride(1),
-        out.data_ptr(),
-        out.stride(0),
-        out.stride(1),
+        *_q_out_args(q, out),
         max_logits.data_ptr(),
         lse.data_ptr(),  # partials: one split, never touched
         lse.data_ptr(),

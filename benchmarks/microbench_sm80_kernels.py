@@ -24,7 +24,11 @@ from deepinfer_sm80.ops.kv_cache import dequantize_and_gather_k_cache, quantize_
 from deepinfer_sm80.ops.kv_cache.layout import NOPE_DIM, RECORD_BYTES, page_bytes
 from deepinfer_sm80.ops.kv_cache.ref import encode_records_ref, page_views
 from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode
-from deepinfer_sm80.ops.sparse_mla.triton_kernel import decode_engine, sparse_mla_prefill
+from deepinfer_sm80.ops.sparse_mla.triton_kernel import (
+    decode_engine,
+    prefill_engine,
+    sparse_mla_prefill,
+)
 
 SUITE = "kernels"
 
@@ -248,7 +252,11 @@ def _prefill_case(registry: Registry, T: int, heads: int, context: int):
             setup=setup,
             baseline_name="torch gather + bmm + softmax(sink) + bmm",
             baseline=lambda st: prefill_torch(st[0], st[1], st[2], SCALE, st[3]),
-            candidate_name="deepinfer unified 512-dim prefill",
+            candidate_name=(
+                "deepinfer prefill, "
+                + prefill_engine(torch.device("cuda"))
+                + " kernel (DEEPINFER_SPARSE_MLA_PREFILL picks)"
+            ),
             candidate=candidate,
             check=lambda st, b, c: close_check(b, c, rel_tol=1e-2),
             flops=lambda st: T * heads * W * 512 * 4,

@@ -50,11 +50,11 @@
 // in base 2 internally. Rows that are -1, outside their cache or past the token's
 // length are skipped and never read; a token without rows gets 0 (lse -inf).
 //
-// Prefill (kBf16Rows): the same wide kernel over the bf16 gather workspace that vLLM
-// builds (rows of 512 bf16, 1024 bytes, no scales), one split per token. Every warp then
-// takes the RoPE warp's path: its 64 dims are copied into its slice as they are, with no
-// query bias and every factor 1. It also writes the max logit, which FlashMLA's prefill
-// returns.
+// Prefill (kBf16Rows): the same kernels (wide, and narrow for 8 heads or fewer) over the
+// bf16 gather workspace that vLLM builds (rows of 512 bf16, 1024 bytes, no scales), one
+// split per token. Every warp then takes the RoPE warp's path: its 64 dims are copied into
+// its slice as they are, with no query bias and every factor 1. They also write the max
+// logit, which FlashMLA's prefill returns.
 //
 // Compiled through TileLang (tilelang_decode.py imports this file with T.import_source
 // and calls deepinfer_mla::decode_cta from a T.Kernel): the per-warp MMAs on warp-private
@@ -910,13 +910,15 @@ __device__ __forceinline__ void decode_cta(
 //   4. after a second barrier, accumulates O^T over the tile's 32 rows (8 MMAs).
 // The split policy, the folded scales, the slow path for large scale bytes, the skipped
 // rows and the partials layout are the wide kernel's; the epilogue stages the output
-// through shared memory so that it is written with 16-byte (8-byte bf16) stores.
+// through shared memory so that it is written with 16-byte (8-byte bf16) stores. Over bf16
+// rows (prefill, kBf16Rows) every warp takes the RoPE warp's path, as in the wide kernel.
 // ---------------------------------------------------------------------------------------
 constexpr int kNarrowHeads = 8;
 constexpr int kNarrowRows = 32;
 constexpr int kStageStride = 516;  // fp32 per head of the output stage: 512 + 4, see below
 
-template <int kRowsPerSplit>
+// kTableRows: rows of the scale and field tables, 1 for bf16 rows (prefill).
+template <int kRowsPerSplit, int kTableRows>
 struct SmemNarrow {
   static constexpr int kPadded = (kRowsPerSplit + kNarrowRows - 1) / kNarrowRows * kNarrowRows;
   union {
@@ -929,8 +931,8 @@ struct SmemNarrow {
   const uint8_t* rec[kPadded];                  // record addresses (nullptr = skip)
   // Per group and row, in lane order (see lane_order): the scale byte (0 for a skipped
   // row) and the folded factor's exponent field (127 for the RoPE group).
-  uint8_t scale[kNopeWarps][kPadded];
-  uint8_t field[kWarps][kPadded];
+  uint8_t scale[kNopeWarps][kTableRows];
+  uint8_t field[kWarps][kTableRows];
   uint32_t valid[kPadded / 32];  // bit i: row i of the split is real
 };
 
@@ -955,7 +957,7 @@ __device__ __forceinline__ uint32_t factor_pair_bf16(uint2 fields, int k) {
 }
 
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
-          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes>
+          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows>
 __device__ __forceinline__ void decode_cta_narrow(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
@@ -968,7 +970,8 @@ __device__ __forceinline__ void decode_cta_narrow(
     uint8_t* smem_raw) {
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole 16-row steps");
   static_assert(kPrefetch == 1, "the narrow kernel keeps one tile in flight");
-  using S = SmemNarrow<kRowsPerSplit>;
+  constexpr int kPaddedRows = (kRowsPerSplit + kNarrowRows - 1) / kNarrowRows * kNarrowRows;
+  using S = SmemNarrow<kRowsPerSplit, kBf16Rows ? 1 : kPaddedRows>;
   static_assert(sizeof(S) <= kSmemBytes, "smem_bytes() is smaller than SmemNarrow");
   auto& sm = *reinterpret_cast<S*>(smem_raw);
   const int64_t t = blockIdx.x;
@@ -978,7 +981,8 @@ __device__ __forceinline__ void decode_cta_narrow(
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int c = lane & 3;
-  const bool nope = warp < kNopeWarps;
+  // bf16 rows (prefill): every warp takes the RoPE warp's path, as in the wide kernel.
+  const bool nope = !kBf16Rows && warp < kNopeWarps;
 
   // Loaded before the lengths are known (the loads overlap): the query slice as B
   // fragments (k = 16, n = 8 heads: lane holds head g and the k-step's k indices 2c, 2c + 1
@@ -1023,9 +1027,10 @@ __device__ __forceinline__ void decode_cta_narrow(
     const uint8_t* rec = nullptr;
     scale_bytes[k] = make_uint2(0u, 0u);
     if (i < S::kPadded && r < r_end) {
-      rec = resolve_row(t, r, main_len, main_addr, main_stride, main_rows, main_bs, main_idx_addr,
-                        main_idx_stride, extra_addr, extra_stride, extra_rows, extra_bs,
-                        extra_idx_addr, extra_idx_stride, scale_bytes[k]);
+      rec = resolve_row<!kBf16Rows>(t, r, main_len, main_addr, main_stride, main_rows, main_bs,
+                                    main_idx_addr, main_idx_stride, extra_addr, extra_stride,
+                                    extra_rows, extra_bs, extra_idx_addr, extra_idx_stride,
+                                    scale_bytes[k]);
     }
     if (i < S::kPadded) sm.rec[i] = rec;
     const uint32_t real = __ballot_sync(0xffffffffu, rec != nullptr);
@@ -1077,7 +1082,8 @@ __device__ __forceinline__ void decode_cta_narrow(
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const uint8_t* r = sm.rec[i0 + (lane >> 3) + 4 * i];
-        if (r != nullptr) buf[i] = __ldg(reinterpret_cast<const uint4*>(r + 448 + 16 * (lane & 7)));
+        const int at = (kBf16Rows ? 128 * warp : 448) + 16 * (lane & 7);
+        if (r != nullptr) buf[i] = __ldg(reinterpret_cast<const uint4*>(r + at));
       }
     }
   };
@@ -1085,7 +1091,7 @@ __device__ __forceinline__ void decode_cta_narrow(
 #pragma unroll
   for (int k = 0; k < kResolveRounds; ++k) {
     const int i = k * kWarps * 32 + threadIdx.x;
-    if (i < S::kPadded) {
+    if (!kBf16Rows && i < S::kPadded) {
       const int at = lane_order(i);
 #pragma unroll
       for (int grp = 0; grp < kNopeWarps; ++grp) {
@@ -1106,8 +1112,11 @@ __device__ __forceinline__ void decode_cta_narrow(
     // This lane's scale bytes and exponent fields: rows g + 8i (byte i; decode and QK)
     // and, for PV, rows 2c + 8k (fields.x byte k) and 2c + 1 + 8k (fields.y byte k).
     const uint32_t scales = nope ? *reinterpret_cast<const uint32_t*>(&sm.scale[warp][i0 + 4 * g]) : 0u;
-    const uint32_t qk_fields = *reinterpret_cast<const uint32_t*>(&sm.field[warp][i0 + 4 * g]);
-    const uint2 pv_fields = *reinterpret_cast<const uint2*>(&sm.field[warp][i0 + 8 * c]);
+    constexpr uint32_t kUnit4 = 0x01010101u * kUnitField;  // bf16 rows: every factor 1
+    const uint32_t qk_fields =
+        kBf16Rows ? kUnit4 : *reinterpret_cast<const uint32_t*>(&sm.field[warp][i0 + 4 * g]);
+    const uint2 pv_fields = kBf16Rows ? make_uint2(kUnit4, kUnit4)
+                                      : *reinterpret_cast<const uint2*>(&sm.field[warp][i0 + 8 * c]);
 
     // 1. Decode into the slice and 2. S^T over this warp's 64 dims (m-tiles of rows 0-15
     // and 16-31, 4 k-steps each).
@@ -1276,7 +1285,12 @@ __device__ __forceinline__ void decode_cta_narrow(
       }
       if (!(den > 0.f)) den = 1.f;  // no rows and no sink: output 0
       sm.alpha[warp] = alpha / den;
-      if (real) lse_ptr[t * lse_stride_t + h] = lse;
+      if (real) {
+        lse_ptr[t * lse_stride_t + h] = lse;
+        if (max_logits_addr != 0)  // prefill, as in the wide kernel
+          reinterpret_cast<float*>(max_logits_addr)[t * lse_stride_t + h] =
+              has_rows ? m_run / kLog2e : -INFINITY;
+      }
     }
     __syncthreads();
     if (real) {

@@ -3,9 +3,9 @@
 once per CTA and no warp re-reads the query from shared memory): the wide kernel (16
 heads x 16 rows per tile) and, for 8 heads per rank or fewer, the narrow one (MMAs
 transposed so that n is the 8 heads, 32-row tiles). The head count is fixed per
-deployment, so the choice keeps results batch-invariant. Prefill runs the wide kernel
+deployment, so the choice keeps results batch-invariant. Prefill runs the same kernels
 over the bf16 rows of vLLM's gather workspace (``launch_prefill``): no scales, one split
-per token, 1.8-1.9x the Triton prefill kernel on the H200.
+per token, 1.8-2.3x the Triton prefill kernel on the H200.
 
 The kernel body is CUDA C++ imported with ``T.import_source`` and called from a
 ``T.Kernel``: it needs per-warp MMAs on warp-private tiles, which ``T.gemm``'s CTA-wide
@@ -60,8 +60,8 @@ class DecodeVariant:
     rows_per_split: int
     prefetch: int = 1  # tiles whose loads are in flight ahead of the one computed (1 or 2)
     narrow: bool = False  # decode_cta_narrow: at most NARROW_HEADS heads per rank
-    # Prefill: the wide kernel over bf16 rows of vLLM's gather workspace (no scales), one
-    # split per token.
+    # Prefill: the kernel over bf16 rows of vLLM's gather workspace (no scales), one split
+    # per token.
     bf16_rows: bool = False
 
     def __post_init__(self) -> None:
@@ -73,11 +73,11 @@ class DecodeVariant:
             raise ValueError(
                 f"prefetch: the narrow kernel keeps 1 tile in flight, not {self.prefetch}"
             )
-        if self.bf16_rows and (self.narrow or self.extra_width or self.max_splits != 1):
+        if self.bf16_rows and (self.extra_width or self.max_splits != 1):
             raise ValueError(
-                "bf16_rows: the prefill variant is the wide kernel over one cache with one "
-                f"split per token (narrow={self.narrow}, extra_width={self.extra_width}, "
-                f"rows_per_split={self.rows_per_split} for {self.main_width} rows)"
+                "bf16_rows: the prefill variant reads one cache with one split per token "
+                f"(extra_width={self.extra_width}, rows_per_split={self.rows_per_split} for "
+                f"{self.main_width} rows)"
             )
 
     @property
@@ -119,7 +119,9 @@ class DecodeVariant:
             sp = 8 * NARROW_ROWS * NARROW_HEADS * 4
             ps = NARROW_HEADS * (NARROW_ROWS + 8) * 2
             alpha = NARROW_HEADS * 4
-            tables = 8 * padded + 7 * padded + 8 * padded  # records, scales, fields
+            table_rows = 1 if self.bf16_rows else padded  # bf16 rows have no scales
+            scales_fields = -(-15 * table_rows // 4) * 4  # 7 + 8 bytes a row, then 4-aligned
+            tables = 8 * padded + scales_fields  # record pointers, then the byte tables
             size = max(slices, stage) + sp + ps + alpha + tables + padded // 8
             return -(-size // 8) * 8
         ks = 8 * ROWS_PER_TILE * 72 * 2
@@ -140,8 +142,8 @@ class DecodeVariant:
             f"deepinfer_mla::{'decode_cta_narrow' if self.narrow else 'decode_cta'}"
             f"<{self.main_width}, {self.extra_width}, "
             f"{b[self.has_extra]}, {b[self.has_len]}, {b[self.has_sink]}, "
-            f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}"
-            f"{'' if self.narrow else ', ' + b[self.bf16_rows]}>"
+            f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}, "
+            f"{b[self.bf16_rows]}>"
         )
 
     def build(self):
@@ -271,7 +273,11 @@ def shipped_variants() -> list[DecodeVariant]:
     ]
     # Prefill index rows: round_up(topk + window, 128) wide (vLLM's
     # combine_topk_swa_indices): 640 with Top-K 512, 128 for SWA-only layers.
-    prefill = [prefill_variant(width, True, True) for width in PREFILL_WIDTHS]
+    prefill = [
+        prefill_variant(width, True, True, narrow)
+        for narrow in (False, True)
+        for width in PREFILL_WIDTHS
+    ]
     return decode + prefill
 
 
@@ -518,8 +524,9 @@ def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2
     _check_bf16_pairs("prefill", PREFILL_ENGINE_HINT, q=q, out=out)
     if lse.stride() != max_logits.stride():
         raise ValueError("max_logits: must have lse's layout (the kernel writes both alike)")
-    width = idx.shape[1]
-    variant = prefill_variant(width, has_len=lens is not None, has_sink=attn_sink is not None)
+    variant = prefill_variant(
+        idx.shape[1], lens is not None, attn_sink is not None, narrow=heads <= NARROW_HEADS
+    )
     if variant not in _seen:
         _note_first_use(variant)
     get_kernel(variant)(
@@ -549,11 +556,14 @@ def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2
     )
 
 
-def prefill_variant(width: int, has_len: bool, has_sink: bool) -> DecodeVariant:
+def prefill_variant(
+    width: int, has_len: bool, has_sink: bool, narrow: bool = False
+) -> DecodeVariant:
     """The prefill kernel for index rows of ``width`` entries: one split of all of them
-    (rounded up to whole 16-row tiles)."""
+    (rounded up to whole 16-row tiles); the narrow kernel for 8 heads per rank or fewer,
+    as for decode."""
     rows = max(ROWS_PER_TILE, -(-width // ROWS_PER_TILE) * ROWS_PER_TILE)
-    return DecodeVariant(width, 0, has_len, has_sink, rows, 1, False, True)
+    return DecodeVariant(width, 0, has_len, has_sink, rows, 1, narrow, True)
 
 
 if __name__ == "__main__":

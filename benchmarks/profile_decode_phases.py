@@ -61,7 +61,7 @@ __device__ __forceinline__ void prof_mark(float* lse_ptr, int64_t t, int64_t str
 # (name, anchor in decode_cta_narrow, replacement); each anchor must occur exactly once
 # in the narrow kernel's text.
 _ANCHORS = (
-    ("entry", "  const bool nope = warp < kNopeWarps;\n", "{a}  {m0}\n"),
+    ("entry", "  const bool nope = !kBf16Rows && warp < kNopeWarps;\n", "{a}  {m0}\n"),
     (
         "tables ready",
         "  __syncthreads();  // sm.scale and sm.field are complete\n",

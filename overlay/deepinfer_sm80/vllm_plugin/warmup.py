@@ -60,10 +60,11 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
     from deepinfer_sm80.ops.sparse_mla.triton_kernel import decode_engine, prefill_engine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if "tilelang" in (decode_engine(device), prefill_engine(device)):
+    decode = decode_engine(device)
+    if "tilelang" in (decode, prefill_engine(device)):
         aot_mla = Path(aot) / "sparse_mla" if aot else None
         records += tilelang_decode.warmup(log=logger.info, aot_dir=aot_mla)
-    if decode_engine(device) == "tilelang":
+    if decode == "tilelang":
         # The in-kernel split merge's counters, sized before vLLM captures CUDA graphs.
         tilelang_decode.reserve_split_counters(device, max_tokens)
     return records

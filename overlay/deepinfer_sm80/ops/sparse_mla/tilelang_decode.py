@@ -508,7 +508,8 @@ def launch(
 
 
 def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2: float, heads):
-    """Prefill through the wide kernel over bf16 rows (``DecodeVariant.bf16_rows``), on
+    """Prefill through the decode kernels over bf16 rows (``DecodeVariant.bf16_rows``; the
+    narrow kernel for 8 heads or fewer, as for decode), on
     tensors ``triton_kernel.sparse_mla_prefill`` has validated: ``kv`` ``[S, 512]`` bf16
     rows, ``idx`` ``[T, W]`` int32 rows into it, ``lens`` ``[T]`` or None, ``lse`` and
     ``max_logits`` fresh ``[T, H]`` f32. One split per token, no partials. The kernel
@@ -543,6 +544,8 @@ def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2
         idx.data_ptr(),
         idx.stride(0),
         lens.data_ptr() if lens is not None else 0,
+        # no extra cache: address, page stride, rows, block size, index rows, their
+        # stride, lengths
         0,
         0,
         0,

@@ -652,7 +652,7 @@ def decode_engine(device: torch.device) -> str:
 
 def prefill_engine(device: torch.device) -> str:
     """The same choice for prefill (``DEEPINFER_SPARSE_MLA_PREFILL``): ``tilelang`` runs
-    ``decode_sm80.cuh``'s wide kernel over the bf16 rows, ``triton`` this module's."""
+    ``decode_sm80.cuh``'s kernels over the bf16 rows, ``triton`` this module's."""
     return _engine(device, PREFILL_ENGINE_ENV, "prefill")
 
 

@@ -18,7 +18,7 @@ import os
 import torch
 
 from benchmarks.microbench_sm80_kernels import build_registry
-from benchmarks.runner import CudaTimer, device_info
+from benchmarks.runner import CudaTimer, device_info, restored_env
 from deepinfer_sm80 import arch
 from deepinfer_sm80.ops.sparse_mla.triton_kernel import DECODE_ENGINE_ENV
 
@@ -111,27 +111,23 @@ def main(argv: list[str] | None = None) -> None:
     ]
     timer = CudaTimer(reps=30)
     base = arch.KERNEL_CONFIGS[CONFIG]
-    previous = os.environ.get(DECODE_ENGINE_ENV)
-    try:
-        for case in cases:
-            state = case.setup()
-            parts = []
-            for text, engine, overrides in variants:
-                os.environ[DECODE_ENGINE_ENV] = engine
-                consts = {**base.constexpr_dict(), **overrides}
-                arch.KERNEL_CONFIGS[CONFIG] = dataclasses.replace(
-                    base, constexprs=tuple(consts.items())
-                )
-                us = _graph_us(lambda case=case, state=state: case.candidate(state), timer)
-                parts.append(f"{text} {us:7.1f}")
-            print(f"{case.name}: " + "  ".join(parts), flush=True)
-            del state
-    finally:
-        arch.KERNEL_CONFIGS[CONFIG] = base
-        if previous is None:
-            os.environ.pop(DECODE_ENGINE_ENV, None)
-        else:
-            os.environ[DECODE_ENGINE_ENV] = previous
+    with restored_env(DECODE_ENGINE_ENV):
+        try:
+            for case in cases:
+                state = case.setup()
+                parts = []
+                for text, engine, overrides in variants:
+                    os.environ[DECODE_ENGINE_ENV] = engine
+                    consts = {**base.constexpr_dict(), **overrides}
+                    arch.KERNEL_CONFIGS[CONFIG] = dataclasses.replace(
+                        base, constexprs=tuple(consts.items())
+                    )
+                    us = _graph_us(lambda case=case, state=state: case.candidate(state), timer)
+                    parts.append(f"{text} {us:7.1f}")
+                print(f"{case.name}: " + "  ".join(parts), flush=True)
+                del state
+        finally:
+            arch.KERNEL_CONFIGS[CONFIG] = base
 
 
 if __name__ == "__main__":

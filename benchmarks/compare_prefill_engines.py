@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     import torch
 
-    from benchmarks.runner import CudaTimer, device_info
+    from benchmarks.runner import CudaTimer, device_info, restored_env
     from deepinfer_sm80.ops.sparse_mla.triton_kernel import PREFILL_ENGINE_ENV, sparse_mla_prefill
 
     if not torch.cuda.is_available():
@@ -39,8 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     g = torch.Generator(device="cuda").manual_seed(5)
     kv = (torch.randn(ROWS, 512, device="cuda", generator=g) * 1.4).bfloat16()
     idx = torch.randint(0, ROWS, (TOKENS, WIDTH), device="cuda", generator=g).int()
-    previous = os.environ.get(PREFILL_ENGINE_ENV)
-    try:
+    with restored_env(PREFILL_ENGINE_ENV):
         for heads in HEADS:
             q = (torch.randn(TOKENS, heads, 512, device="cuda", generator=g) * 1.4).bfloat16()
             sink = torch.randn(heads, device="cuda", generator=g) + 4
@@ -62,11 +61,6 @@ def main(argv: list[str] | None = None) -> None:
                 f"H={heads}: {rates}  {us['triton'] / us['tilelang']:.2f}x  max|diff| {diff:.3g}",
                 flush=True,
             )
-    finally:
-        if previous is None:
-            os.environ.pop(PREFILL_ENGINE_ENV, None)
-        else:
-            os.environ[PREFILL_ENGINE_ENV] = previous
 
 
 if __name__ == "__main__":

@@ -15,12 +15,14 @@ Output: ``benchmarks/results/<gpu>.json`` (one file per GPU, suites merged into 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,20 @@ class CudaTimer:
         times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
         pick = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
         return Timing(pick(0.5), pick(0.2), pick(0.8))
+
+
+@contextlib.contextmanager
+def restored_env(name: str) -> Iterator[None]:
+    """Leave environment variable ``name`` as it was on entry, whatever the block sets it
+    to (the engine comparisons switch the kernels' engine variables per run)."""
+    previous = os.environ.get(name)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 def device_info() -> dict[str, Any]:

@@ -2,7 +2,9 @@
 gates from measured device limits, results merged per GPU (CPU, fake timer)."""
 
 import json
+import os
 
+import pytest
 import torch
 
 from benchmarks.runner import (
@@ -11,6 +13,7 @@ from benchmarks.runner import (
     Gate,
     Timing,
     exact_check,
+    restored_env,
     run_suite,
 )
 
@@ -113,3 +116,19 @@ def test_exact_check_detects_one_flipped_bit_and_matches_nan():
     b.view(torch.int16)[2] ^= 1
     assert not exact_check(a, b).ok
     assert not exact_check(torch.arange(3), torch.arange(3) + 1).ok
+
+
+def test_restored_env_puts_back_a_set_or_an_unset_variable(monkeypatch):
+    """The engine comparisons switch engine variables per run: whatever the block sets, a
+    variable that was set comes back with its value, one that was unset comes back unset,
+    also when the block raises."""
+
+    monkeypatch.setenv("DEEPINFER_TEST_ENGINE", "triton")
+    with restored_env("DEEPINFER_TEST_ENGINE"):
+        os.environ["DEEPINFER_TEST_ENGINE"] = "tilelang"
+    assert os.environ["DEEPINFER_TEST_ENGINE"] == "triton"
+    monkeypatch.delenv("DEEPINFER_TEST_ENGINE")
+    with pytest.raises(RuntimeError), restored_env("DEEPINFER_TEST_ENGINE"):
+        os.environ["DEEPINFER_TEST_ENGINE"] = "tilelang"
+        raise RuntimeError("a failed run")
+    assert "DEEPINFER_TEST_ENGINE" not in os.environ

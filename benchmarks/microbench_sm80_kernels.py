@@ -14,17 +14,27 @@ measured in the same run, counting 584 B read + 1,024 B written per row.
 Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_sm80_kernels``
 """
 
+import os
 import sys
 
 import torch
 
 from benchmarks.baselines.sparse_mla_original import baseline_sparse_mla_decode
-from benchmarks.runner import Case, Gate, Registry, close_check, exact_check, main_for_suite
+from benchmarks.runner import (
+    Case,
+    Gate,
+    Registry,
+    close_check,
+    exact_check,
+    main_for_suite,
+    restored_env,
+)
 from deepinfer_sm80.ops.kv_cache import dequantize_and_gather_k_cache, quantize_and_insert_k_cache
 from deepinfer_sm80.ops.kv_cache.layout import NOPE_DIM, RECORD_BYTES, page_bytes
 from deepinfer_sm80.ops.kv_cache.ref import encode_records_ref, page_views
 from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode
 from deepinfer_sm80.ops.sparse_mla.triton_kernel import (
+    DECODE_SPLITS_ENV,
     decode_engine,
     prefill_engine,
     sparse_mla_prefill,
@@ -154,8 +164,19 @@ def _insert_case(registry: Registry, T: int, block_size: int) -> None:
 SCALE = 512**-0.5
 
 
-def _decode_case(registry: Registry, T: int, heads: int, main_width: int, extra_width: int):
+def _decode_case(
+    registry: Registry,
+    T: int,
+    heads: int,
+    main_width: int,
+    extra_width: int,
+    splits: str = "latency",
+):
+    """``splits``: DEEPINFER_SPARSE_MLA_DECODE_SPLITS for the candidate (the deployment's
+    choice; ``throughput`` names the case with that suffix)."""
     name = f"mla_decode_T{T}_H{heads}_w{main_width}+{extra_width}"
+    if splits != "latency":
+        name += f"_{splits}"
 
     def setup():
         g = torch.Generator(device="cuda").manual_seed(T * 131 + heads)
@@ -176,9 +197,11 @@ def _decode_case(registry: Registry, T: int, heads: int, main_width: int, extra_
 
     def candidate(st):
         q, cache, idx, lens, sink, extra, eidx, elens, outs = st
-        sparse_mla_decode(
-            q, cache, idx, lens, SCALE, sink, extra, eidx, elens, out=outs[0], num_heads=heads
-        )
+        with restored_env(DECODE_SPLITS_ENV):
+            os.environ[DECODE_SPLITS_ENV] = splits
+            sparse_mla_decode(
+                q, cache, idx, lens, SCALE, sink, extra, eidx, elens, out=outs[0], num_heads=heads
+            )
         return outs[0][:, :heads]
 
     def baseline(st):
@@ -193,14 +216,20 @@ def _decode_case(registry: Registry, T: int, heads: int, main_width: int, extra_
         Case(
             suite=SUITE,
             name=name,
-            params={"T": T, "heads": heads, "main_width": main_width, "extra_width": extra_width},
+            params={
+                "T": T,
+                "heads": heads,
+                "main_width": main_width,
+                "extra_width": extra_width,
+                "splits": splits,
+            },
             setup=setup,
             baseline_name="original baseline algorithm (separate NoPE/RoPE dots, exp2, reduce)",
             baseline=baseline,
             candidate_name=(
                 "deepinfer decode, "
                 + decode_engine(torch.device("cuda"))
-                + " kernel (DEEPINFER_SPARSE_MLA_DECODE picks)"
+                + f" kernel (DEEPINFER_SPARSE_MLA_DECODE picks), {splits} splits"
             ),
             candidate=candidate,
             check=lambda st, b, c: close_check(b, c, rel_tol=1e-2),
@@ -269,6 +298,8 @@ def build_registry() -> Registry:
     for heads in (64, 32, 8):  # TP 1, 2, 8
         for T in (1, 4, 16, 64, 256):
             _decode_case(registry, T, heads, 128, 512)
+    for T in (1, 4, 16, 64, 256):  # the narrow kernel's one split per token (TP8)
+        _decode_case(registry, T, 8, 128, 512, splits="throughput")
     for T in (5, 80):  # DSpark draft layers: widened SWA window, no compressed cache
         _decode_case(registry, T, 32, 192, 0)
     for context in (16384, 65536):

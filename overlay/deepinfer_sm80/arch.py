@@ -111,10 +111,21 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # heads and 4% slower with 8; DSpark T=5 20% slower, T=80 13% faster. Against 224:
     # 9-16% faster at T<=16, 6-9% slower at T=256. DSpark (K=5) decodes 6 tokens per
     # request, so T>=16 from 3 requests on.
+    # THROUGHPUT_ROWS_PER_SPLIT: the narrow kernel's split size when the deployment asks
+    # for throughput (DEEPINFER_SPARSE_MLA_DECODE_SPLITS=throughput): a V4.1 token's
+    # 128 + 512 rows in one split, no partials, no merge (40.2 KB through the register
+    # path for PV). H200, 8 heads: T=256 43 us against 57, T<=16 2x slower
+    # (NVIDIA_H200.decode_tilelang_s13_experiments.log).
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,
-        constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 192), ("PREFETCH", 1)),
+        constexprs=(
+            ("BLOCK_H", 16),
+            ("BLOCK_N", 16),
+            ("ROWS_PER_SPLIT", 192),
+            ("PREFETCH", 1),
+            ("THROUGHPUT_ROWS_PER_SPLIT", 640),
+        ),
     ),
     # The Triton prefill (where TileLang cannot run or DEEPINFER_SPARSE_MLA_PREFILL=triton).
     # On GPUs the prefill runs the TileLang wide kernel over bf16 rows instead

@@ -449,13 +449,14 @@ def test_split_and_unsplit_agree(device, engine, monkeypatch, heads):
     )
 
 
-@pytest.mark.parametrize("rows", [16, 48, 208, 320])
+@pytest.mark.parametrize("rows", [16, 48, 208, 320, 336, 640])
 def test_decode_split_sizes(device, engine, monkeypatch, rows):
     """Split sizes off the shipped one: 16 rows (40 splits), 48 and 208 (a split's row mask
     ends inside a 32-bit word: the TileLang kernel deals 482 rows as 176 + 176 + 130), 320
-    (the TileLang prologue resolves rows in two rounds of 256 threads). 8 heads: the
-    TileLang warps that own only padded head rows skip their softmax work, and the output
-    must not notice."""
+    (the TileLang prologue resolves rows in two rounds of 256 threads), 336 and 640 (the
+    narrow kernel's register path for PV, whose tables do not fit beside the slices). 8
+    heads: the TileLang warps that own only padded head rows skip their softmax work, and
+    the output must not notice."""
     _with_rows_per_split(monkeypatch, rows)
     case = make_decode_case(
         3, 64, seed=rows, device=device, lens=[128, 93, 0], extra_lens=[512, 389, 171]
@@ -512,6 +513,74 @@ def test_decode_replays_under_cuda_graph(device, engine, heads):
     torch.cuda.synchronize()
     eager, _ = case.run(heads)
     assert torch.equal(out[:, :heads].view(torch.int16), eager[:, :heads].view(torch.int16))
+
+
+def test_decode_split_mode_choice(monkeypatch, caplog):
+    """DEEPINFER_SPARSE_MLA_DECODE_SPLITS: latency (default) keeps arch.py's ROWS_PER_SPLIT;
+    throughput gives the TileLang narrow kernel one split per V4.1 token (640 rows) and
+    leaves index rows that fit one split, the wide kernel and Triton as they are (the
+    latter two with a warning); anything else is refused, naming the variable."""
+    rps = arch.KERNEL_CONFIGS["sparse_mla.decode_tilelang"].constexpr_dict()["ROWS_PER_SPLIT"]
+    choose = mla_kernels.decode_rows_per_split
+    monkeypatch.delenv(mla_kernels.DECODE_SPLITS_ENV, raising=False)
+    assert choose("tilelang", 8, 640) == rps == 192
+    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "Throughput ")
+    assert choose("tilelang", 8, 640) == choose("tilelang", 5, 640) == 640
+    assert choose("tilelang", 8, DSPARK_WIDTH) == rps  # one split already: same variant
+    with caplog.at_level("WARNING", logger="deepinfer_sm80.sparse_mla"):
+        assert choose("tilelang", 16, 640) == rps
+        assert choose("triton", 8, 640) == 128
+    assert "throughput applies to the TileLang narrow kernel" in caplog.text
+    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "fast")
+    with pytest.raises(ValueError, match=r"DECODE_SPLITS='fast': expected one of latency, thr"):
+        choose("tilelang", 8, 640)
+    # the throughput variant is shipped (warmup and the image's AOT step build it) and
+    # takes the register path for PV, within Ampere's 48 KB
+    (shipped,) = [
+        v for v in tilelang_decode.shipped_variants() if v.rows_per_split == 640 and not v.bf16_rows
+    ]
+    assert shipped.narrow and shipped.register_pv and shipped.smem_bytes() <= 48 * 1024
+    assert shipped.callee().endswith(", false, true>")
+    short = tilelang_decode.DecodeVariant(128, 512, True, True, rps, narrow=True)
+    assert not short.register_pv and short.callee().endswith(", false, false>")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [NARROW, NARROW_H5])
+def test_decode_throughput_splits(device, monkeypatch, heads):
+    """Throughput mode on the TileLang narrow kernel: one split per token (no partials),
+    within the budget against the fp32 reference, bit-identical alone and in a batch."""
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "throughput")
+    launched = []
+    launch = tilelang_decode.launch
+    monkeypatch.setattr(
+        tilelang_decode, "launch", lambda *a, **k: launched.append(a[12]) or launch(*a, **k)
+    )
+    n = 17
+    case = make_decode_case(
+        n,
+        64,
+        seed=41,
+        device=device,
+        lens=[128 - (i % 5) for i in range(n - 1)] + [0],
+        extra_lens=[512 - 37 * (i % 9) for i in range(n - 1)] + [0],
+    )
+    out, _ = _check_decode(case, heads, "throughput splits")
+    assert launched and set(launched) == {640}
+    t = 7
+    alone = DecodeCase(
+        case.q[t : t + 1].clone(),
+        case.cache,
+        case.idx[t : t + 1].clone(),
+        case.lens[t : t + 1].clone(),
+        case.sink,
+        case.extra,
+        case.extra_idx[t : t + 1].clone(),
+        case.extra_lens[t : t + 1].clone(),
+    )
+    single, _ = alone.run(heads)
+    assert torch.equal(single[0, :heads].view(torch.int16), out[t, :heads].view(torch.int16))
 
 
 @pytest.mark.gpu
@@ -771,8 +840,9 @@ def test_the_two_copies_of_the_fp8_decode_ptx_are_the_same():
 
 @pytest.mark.aot
 def test_tilelang_decode_fits_ampere():
-    """Every shipped TileLang variant (decode: 3 index widths; prefill: 2 widths over bf16
-    rows; each with the wide and the narrow kernel) compiles for sm_80 and sm_86 within
+    """Every shipped TileLang variant (decode: 3 index widths, and the narrow kernel's
+    throughput split; prefill: 2 widths over bf16 rows; each with the wide and the narrow
+    kernel) compiles for sm_80 and sm_86 within
     48 KB of shared memory, without spills, and leaves room for two 256-thread CTAs per
     SM."""
     from deepinfer_sm80.ops.sparse_mla.tilelang_decode import fit_reports, shipped_variants
@@ -780,7 +850,7 @@ def test_tilelang_decode_fits_ampere():
 
     reports = fit_reports()
     print(format_reports(reports))
-    assert len(reports) == 2 * len(shipped_variants()) == 20
+    assert len(reports) == 2 * len(shipped_variants()) == 22
     assert fit_violations(reports) == []
     assert all(r.min_ctas_per_sm == 2 and r.threads == 256 for r in reports)
 
@@ -801,7 +871,7 @@ def test_tilelang_decode_aot_build_and_refusal(tmp_path, monkeypatch):
         monkeypatch.setattr(cache, "_memory_cache", {})
     assert tilelang_decode.main(["aot", str(tmp_path / "ok"), "--arches", "8.0 8.6"]) == 0
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
-    assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 20
+    assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 22
     assert any((tmp_path / "ok" / "tilelang").rglob("*")), "no TileLang cache entries written"
     # Three CTAs per SM caps registers at 80: the kernel spills (measured: 108 B on sm_80).
     monkeypatch.setattr(tilelang_decode, "MIN_CTAS_PER_SM", 3)
@@ -811,7 +881,7 @@ def test_tilelang_decode_aot_build_and_refusal(tmp_path, monkeypatch):
 
 
 @pytest.mark.aot
-@pytest.mark.parametrize("kind", ["wide", "narrow", "prefill", "prefill-narrow"])
+@pytest.mark.parametrize("kind", ["wide", "narrow", "narrow-register", "prefill", "prefill-narrow"])
 def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch, kind):
     """decode_sm80.cuh's static_assert ties its Smem struct to smem_bytes(), the size
     TileLang allocates: a formula that undercounts fails the build instead of overrunning
@@ -824,7 +894,11 @@ def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch, kind):
     if kind.startswith("prefill"):
         variant = tilelang_decode.prefill_variant(176, True, True, narrow=kind.endswith("narrow"))
     else:
-        variant = tilelang_decode.DecodeVariant(128, 512, True, True, 176, narrow=kind == "narrow")
+        rows = 336 if kind == "narrow-register" else 176  # 336: the register path for PV
+        variant = tilelang_decode.DecodeVariant(
+            128, 512, True, True, rows, narrow=kind.startswith("narrow")
+        )
+        assert variant.register_pv == (kind == "narrow-register")
     real = tilelang_decode.DecodeVariant.smem_bytes
     monkeypatch.setattr(tilelang_decode.DecodeVariant, "smem_bytes", lambda v: real(v) - 8)
     with pytest.raises(Exception, match=r"smem_bytes\(\) is smaller than Smem"):

@@ -127,6 +127,22 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "memory");
 }
 
+// The 8 x 8 b16 matrix whose row i / 4, columns 2 (i % 4) and + 1 lane i holds in x,
+// transposed across the warp (lane i gets row i / 4 of the transpose). No shared memory.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(x));
+  return d;
+}
+
+// 16 bytes global -> shared, asynchronously (L2 only: the rows are read once).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 // Four e4m3 bytes and four copies of their UE8M0 scale byte -> four bf16 (two bf16x2),
 // bit-identical to bf16(e4m3 * 2^(s - 127)): the same packed decode as
 // ops/fp8/triton_fp8.py (_E4M3X4_UE8M0_TO_BF16_PTX), which is tested against torch for all
@@ -912,17 +928,30 @@ __device__ __forceinline__ void decode_cta(
 // rows and the partials layout are the wide kernel's; the epilogue stages the output
 // through shared memory so that it is written with 16-byte (8-byte bf16) stores. Over bf16
 // rows (prefill, kBf16Rows) every warp takes the RoPE warp's path, as in the wide kernel.
+//
+// Long splits (kRegisterPV, tilelang_decode.DecodeVariant.register_pv): one split of 640
+// rows needs 14.4 KB of row tables, which do not fit beside the 32 KB of slices within
+// 48 KB. The NoPE warps then keep their decoded rows in registers until PV and build
+// V^T's A fragments from them with movmatrix (an 8 x 8 transpose across the warp: QK's
+// fragment blocks, transposed, are PV's), and only the RoPE warp keeps slices, two, filled
+// by cp.async one tile ahead. 29.8 KB at 192 rows, 40.2 KB at 640, 128 registers, no
+// spills on sm_80/86. On the H200 it took the same time as the slices path at 640 rows
+// and 7-10% more at 192 (NVIDIA_H200.decode_tilelang_s13_experiments.log), so short
+// splits keep the slices.
 // ---------------------------------------------------------------------------------------
 constexpr int kNarrowHeads = 8;
 constexpr int kNarrowRows = 32;
 constexpr int kStageStride = 516;  // fp32 per head of the output stage: 512 + 4, see below
 
 // kTableRows: rows of the scale and field tables, 1 for bf16 rows (prefill).
-template <int kRowsPerSplit, int kTableRows>
+// kSlices: 32 x 64 bf16 slices, one per warp for bf16 rows (prefill); for records
+// (decode) only the RoPE warp has slices, two (its cp.async double buffer): the NoPE
+// warps keep their decoded rows in registers for both MMAs.
+template <int kRowsPerSplit, int kTableRows, int kSlices>
 struct SmemNarrow {
   static constexpr int kPadded = (kRowsPerSplit + kNarrowRows - 1) / kNarrowRows * kNarrowRows;
   union {
-    uint16_t ks[kWarps][kNarrowRows][64];  // decoded slices, see ks_at
+    uint16_t ks[kSlices][kNarrowRows][64];  // bf16 slices, see ks_at
     float stage[kNarrowHeads][kStageStride];  // epilogue: the CTA's output, natural dim order
   } u;
   float sp[kWarps][kNarrowRows][kNarrowHeads];  // partial logits S^T, see sp_swizzle
@@ -957,7 +986,8 @@ __device__ __forceinline__ uint32_t factor_pair_bf16(uint2 fields, int k) {
 }
 
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
-          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows>
+          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows,
+          bool kRegisterPV>
 __device__ __forceinline__ void decode_cta_narrow(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
@@ -971,7 +1001,13 @@ __device__ __forceinline__ void decode_cta_narrow(
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole 16-row steps");
   static_assert(kPrefetch == 1, "the narrow kernel keeps one tile in flight");
   constexpr int kPaddedRows = (kRowsPerSplit + kNarrowRows - 1) / kNarrowRows * kNarrowRows;
-  using S = SmemNarrow<kRowsPerSplit, kBf16Rows ? 1 : kPaddedRows>;
+  // kRegisterPV (records only): the NoPE warps' PV takes V^T from their decoded registers
+  // through movmatrix instead of their slices, and the RoPE warp's rows reach its two
+  // slices by cp.async. That frees 24 KB of slices for long splits' row tables (see the
+  // header of this kernel); with short splits the slices path is the faster one.
+  static_assert(!(kRegisterPV && kBf16Rows), "bf16 rows (prefill) keep the slices path");
+  constexpr bool kRegPV = kRegisterPV;
+  using S = SmemNarrow<kRowsPerSplit, kBf16Rows ? 1 : kPaddedRows, kRegPV ? 2 : kWarps>;
   static_assert(sizeof(S) <= kSmemBytes, "smem_bytes() is smaller than SmemNarrow");
   auto& sm = *reinterpret_cast<S*>(smem_raw);
   const int64_t t = blockIdx.x;
@@ -1064,30 +1100,51 @@ __device__ __forceinline__ void decode_cta_narrow(
     }
   }
 
-  uint16_t* ks = &sm.u.ks[warp][0][0];
+  // This warp's slice (bf16 rows); the RoPE warp's first buffer (records).
+  uint16_t* ks = &sm.u.ks[kRegPV ? 0 : warp][0][0];
   // The next tile's bytes, in flight during a tile's math. NoPE lane: 16-byte chunk
   // lane % 4 of rows lane / 4 + 8 i (i < 4); RoPE lane: chunk lane % 8 of rows
-  // lane / 8 + 4 i (i < 8), as in the wide kernel's TileBytes.
-  uint4 buf[8];
+  // lane / 8 + 4 i (i < 8), as in the wide kernel's TileBytes (records: by cp.async into
+  // the slice buffer `dst`, no registers).
+  constexpr int kBufChunks = kRegPV ? 4 : 8;
+  uint4 buf[kBufChunks];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) buf[i] = make_uint4(0u, 0u, 0u, 0u);
-  auto load = [&](int i0) {
+  for (int i = 0; i < kBufChunks; ++i) buf[i] = make_uint4(0u, 0u, 0u, 0u);
+  if (kRegPV && !nope) {
+    // Both buffers start as zeros: a skipped row keeps what its slot held (zeros or a
+    // real row's values), finite, with P exactly 0.
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        *reinterpret_cast<uint4*>(&sm.u.ks[b][0][0] + ks_at((lane >> 3) + 4 * i, lane & 7)) =
+            make_uint4(0u, 0u, 0u, 0u);
+  }
+  auto load = [&](int i0, uint16_t* dst) {
     if (nope) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const uint8_t* r = sm.rec[i0 + (lane >> 2) + 8 * i];
         if (r != nullptr) buf[i] = __ldg(reinterpret_cast<const uint4*>(r + 64 * warp + 16 * (lane & 3)));
       }
+    } else if (kRegPV) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int row = (lane >> 3) + 4 * i;
+        const uint8_t* r = sm.rec[i0 + row];
+        if (r != nullptr) cp_async_16(dst + ks_at(row, lane & 7), r + 448 + 16 * (lane & 7));
+      }
+      cp_async_commit();
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const uint8_t* r = sm.rec[i0 + (lane >> 3) + 4 * i];
         const int at = (kBf16Rows ? 128 * warp : 448) + 16 * (lane & 7);
-        if (r != nullptr) buf[i] = __ldg(reinterpret_cast<const uint4*>(r + at));
+        if (r != nullptr) buf[kBufChunks == 8 ? i : 0] = __ldg(reinterpret_cast<const uint4*>(r + at));
       }
     }
   };
-  load(0);
+  load(0, ks);
 #pragma unroll
   for (int k = 0; k < kResolveRounds; ++k) {
     const int i = k * kWarps * 32 + threadIdx.x;
@@ -1121,13 +1178,14 @@ __device__ __forceinline__ void decode_cta_narrow(
     // 1. Decode into the slice and 2. S^T over this warp's 64 dims (m-tiles of rows 0-15
     // and 16-31, 4 k-steps each).
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // The lane's decoded rows g + 8i (NoPE warps), kept for PV when kRegPV.
+    uint32_t kw[4][8];
     if (nope) {
       // The lane's decoded rows g + 8i stay in kw: m-tile mt's rows g and g + 8 are rows
       // 2mt and 2mt + 1, and k-step kk is their words 2kk (k = 2c, 2c + 1) and 2kk + 1
       // (k = 8 + 2c, 9 + 2c), so QK's A fragments need no shared-memory round trip.
       // One warp-wide choice per tile between the branch-free raw decode and the
       // per-chunk one (a branch per chunk would keep ptxas from interleaving them).
-      uint32_t kw[4][8];
       const bool fold = __all_sync(0xffffffffu, all_fold(scales));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -1138,8 +1196,10 @@ __device__ __forceinline__ void decode_cta_narrow(
         } else {
           decode_chunk(buf[i], (scales >> (8 * i)) & 0xFFu, lo, hi);
         }
-        *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c)) = lo;
-        *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c + 1)) = hi;
+        if (!kRegPV) {
+          *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c)) = lo;
+          *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c + 1)) = hi;
+        }
         kw[i][0] = lo.x, kw[i][1] = lo.y, kw[i][2] = lo.z, kw[i][3] = lo.w;
         kw[i][4] = hi.x, kw[i][5] = hi.y, kw[i][6] = hi.z, kw[i][7] = hi.w;
       }
@@ -1155,10 +1215,14 @@ __device__ __forceinline__ void decode_cta_narrow(
     } else {
       // The RoPE warp's lanes hold whole 128-byte rows per 8 lanes: through shared
       // memory and ldmatrix, all eight first, then the two chains interleaved.
+      if (kRegPV) {
+        cp_async_wait_all();  // this tile's rows are in ks (issued a tile ago)
+      } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int row = (lane >> 3) + 4 * i;
-        *reinterpret_cast<uint4*>(ks + ks_at(row, lane & 7)) = buf[i];
+        for (int i = 0; i < 8; ++i) {
+          const int row = (lane >> 3) + 4 * i;
+          *reinterpret_cast<uint4*>(ks + ks_at(row, lane & 7)) = buf[kBufChunks == 8 ? i : 0];
+        }
       }
       __syncwarp();
       uint32_t ka[2][4][4];
@@ -1178,7 +1242,8 @@ __device__ __forceinline__ void decode_cta_narrow(
     }
     // The tile's bytes are used up: refill the buffer with the next tile (after QK, so
     // that the buffer and QK's 32 fragment registers are not live at once).
-    if (r0 + kNarrowRows < r_end) load(i0 + kNarrowRows);
+    uint16_t* const ks_next = kRegPV ? &sm.u.ks[((i0 / kNarrowRows) + 1) & 1][0][0] : ks;
+    if (r0 + kNarrowRows < r_end) load(i0 + kNarrowRows, ks_next);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -1236,18 +1301,37 @@ __device__ __forceinline__ void decode_cta_narrow(
       ldsm_x4(pb, &sm.ps[lane & 7][8 * (lane >> 3)]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) pb[j] = mul_bf16x2(pb[j], factor_pair_bf16(pv_fields, j));
+      if (kRegPV && nope) {
+        // V^T's A fragments are QK's transposed 8 x 8 blocks: movmatrix of kw[i][w]
+        // gives lane (g, c) dim 16 (g / 2) + 4 (w / 2) + 2 (g % 2) + w % 2 (the raw
+        // decode's pair order) at rows 8 i + 2c, 2c + 1. m-tile mt is the dims of words
+        // 2mt (rows m = g) and 2mt + 1 (m = g + 8), k-step k rows 16 k .. 16 k + 15.
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
+        for (int k = 0; k < 2; ++k) {
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          uint32_t va[4];
-          ldsm_x4_trans(va, ks + ks_at(16 * k + (lane & 7) + 8 * (lane >> 4),
-                                       2 * mt + ((lane >> 3) & 1)));
-          mma_bf16(acc[mt], va, pb[2 * k], pb[2 * k + 1]);
+          for (int mt = 0; mt < 4; ++mt) {
+            const uint32_t va[4] = {movmatrix_trans(kw[2 * k][2 * mt]),
+                                    movmatrix_trans(kw[2 * k][2 * mt + 1]),
+                                    movmatrix_trans(kw[2 * k + 1][2 * mt]),
+                                    movmatrix_trans(kw[2 * k + 1][2 * mt + 1])};
+            mma_bf16(acc[mt], va, pb[2 * k], pb[2 * k + 1]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt) {
+            uint32_t va[4];
+            ldsm_x4_trans(va, ks + ks_at(16 * k + (lane & 7) + 8 * (lane >> 4),
+                                         2 * mt + ((lane >> 3) & 1)));
+            mma_bf16(acc[mt], va, pb[2 * k], pb[2 * k + 1]);
+          }
         }
       }
     }
     __syncwarp();  // this warp's reads of its slice are done before the next tile's stores
+    if (kRegPV && !nope) ks = ks_next;
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, off);
@@ -1262,7 +1346,11 @@ __device__ __forceinline__ void decode_cta_narrow(
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int j = 16 * mt + g + 8 * half;
-      const int d = 64 * warp + (nope ? ((j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1)) : j);
+      // NoPE columns: the raw decode's pair order, through the slice (bf16 rows never
+      // reach here) or through movmatrix (kRegPV, see PV).
+      const int d = 64 * warp + (!nope ? j
+                                       : kRegPV ? 16 * (g >> 1) + 4 * mt + 2 * (g & 1) + half
+                                                : ((j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1)));
       const float unbias = nope ? kAccUnbias : 1.f;
       sm.u.stage[2 * c][d] = acc[mt][2 * half] * unbias;
       sm.u.stage[2 * c + 1][d] = acc[mt][2 * half + 1] * unbias;

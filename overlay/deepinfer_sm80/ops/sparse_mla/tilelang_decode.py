@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES, kernel_config
 
 # One TileLang compile cache for all our TileLang kernels (pinned backend and pass
 # configs give stable disk-cache keys); it takes any variant with build()/pass_configs().
@@ -102,6 +102,17 @@ class DecodeVariant:
         )
 
     @property
+    def register_pv(self) -> bool:
+        """The narrow kernel's register path for PV (``kRegisterPV`` in decode_sm80.cuh),
+        taken exactly when its slices path would not fit Ampere's 48 KB: long splits'
+        row tables. With short splits the slices path is 7-10% faster (H200)."""
+        return (
+            self.narrow
+            and not self.bf16_rows
+            and self._smem_bytes(register_pv=False) > STATIC_SMEM_LIMIT_BYTES
+        )
+
+    @property
     def min_ctas_per_sm(self) -> int:
         return MIN_CTAS_PER_SM
 
@@ -111,10 +122,15 @@ class DecodeVariant:
     def smem_bytes(self) -> int:
         """``sizeof(Smem<rows_per_split>)`` (``SmemNarrow`` for the narrow kernel) in
         decode_sm80.cuh (the kernel's static_assert refuses to compile if this is smaller)."""
+        return self._smem_bytes(self.register_pv)
+
+    def _smem_bytes(self, register_pv: bool) -> int:
         rps = self.rows_per_split
         if self.narrow:
             padded = -(-rps // NARROW_ROWS) * NARROW_ROWS
-            slices = 8 * NARROW_ROWS * 64 * 2  # shares its space with the output stage
+            # bf16 slices, sharing their space with the output stage: one per warp, or
+            # with the register path only the RoPE warp's two (its cp.async double buffer)
+            slices = (2 if register_pv else 8) * NARROW_ROWS * 64 * 2
             stage = NARROW_HEADS * 516 * 4
             sp = 8 * NARROW_ROWS * NARROW_HEADS * 4
             ps = NARROW_HEADS * (NARROW_ROWS + 8) * 2
@@ -143,7 +159,7 @@ class DecodeVariant:
             f"<{self.main_width}, {self.extra_width}, "
             f"{b[self.has_extra]}, {b[self.has_len]}, {b[self.has_sink]}, "
             f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}, "
-            f"{b[self.bf16_rows]}>"
+            f"{b[self.bf16_rows]}{(', ' + b[self.register_pv]) if self.narrow else ''}>"
         )
 
     def build(self):
@@ -263,13 +279,21 @@ def shipped_variants() -> list[DecodeVariant]:
     """What a DeepSeek-V4.1 server launches. Decode: SWA 128 + Top-K 512 (compressed
     layers), SWA 128 alone, and the DSpark draft layers' 192-row window, wide and narrow;
     prefill: the two index widths of the bf16 workspace. vLLM always passes the lengths
-    and the sink. Decode's split size and prefetch depth are arch.py's."""
+    and the sink. Decode's split size and prefetch depth are arch.py's; the narrow kernel
+    also ships its throughput split size for the widths past ROWS_PER_SPLIT
+    (``triton_kernel.decode_rows_per_split``)."""
     cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
     rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
+    widths = ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
     decode = [
         DecodeVariant(main, extra, True, True, rps, 1 if narrow else prefetch, narrow)
         for narrow in (False, True)
-        for main, extra in ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
+        for main, extra in widths
+    ]
+    decode += [
+        DecodeVariant(main, extra, True, True, cfg["THROUGHPUT_ROWS_PER_SPLIT"], 1, True)
+        for main, extra in widths
+        if main + extra > rps
     ]
     # Prefill index rows: round_up(topk + window, 128) wide (vLLM's
     # combine_topk_swa_indices): 640 with Top-K 512, 128 for SWA-only layers.

@@ -629,7 +629,9 @@ def sparse_mla_decode(
         softmax_scale,
         heads,
         kv_fp8=True,
-        rows_per_split=kernel_config(cfg_name).constexpr_dict()["ROWS_PER_SPLIT"],
+        rows_per_split=decode_rows_per_split(
+            engine, heads, main_idx.shape[1] + (extra_idx.shape[1] if has_extra else 0)
+        ),
         cfg_name=cfg_name,
         engine=engine,
     )
@@ -639,6 +641,43 @@ def sparse_mla_decode(
 DECODE_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_DECODE"
 PREFILL_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_PREFILL"
 _ENGINES = ("auto", "tilelang", "triton")
+DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
+_SPLIT_MODES = ("latency", "throughput")
+
+
+def decode_split_mode() -> str:
+    """``DEEPINFER_SPARSE_MLA_DECODE_SPLITS``: ``latency`` (default) or ``throughput``.
+    A deployment setting, fixed for the server's life: a token's split count still depends
+    only on its own rows, so outputs stay batch-invariant in either mode."""
+    mode = os.environ.get(DECODE_SPLITS_ENV, "latency").strip().lower() or "latency"
+    if mode not in _SPLIT_MODES:
+        raise ValueError(
+            f"{DECODE_SPLITS_ENV}={mode!r}: expected one of {', '.join(_SPLIT_MODES)} "
+            "(latency: several splits per token, for small batches; throughput: one split "
+            "per token with 8 heads per rank or fewer, for large batches)"
+        )
+    return mode
+
+
+def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
+    """Rows per split of a decode launch: arch.py's ``ROWS_PER_SPLIT``, or in throughput
+    mode, for the TileLang narrow kernel (8 heads per rank or fewer) and index rows wider
+    than that, ``THROUGHPUT_ROWS_PER_SPLIT``. Fewer splits cut each split's fixed cost
+    (row resolution, partials, the merge) at large batches and lengthen a small batch's
+    longest CTA. The wide kernel keeps ROWS_PER_SPLIT: its 640-row tables do not fit
+    48 KB of shared memory."""
+    cfg_name = "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
+    cfg = kernel_config(cfg_name).constexpr_dict()
+    rps = cfg["ROWS_PER_SPLIT"]
+    if decode_split_mode() == "latency" or width <= rps:
+        return rps
+    if engine != "tilelang" or heads > tilelang_decode.NARROW_HEADS:
+        _warn_once(
+            f"{DECODE_SPLITS_ENV}=throughput applies to the TileLang narrow kernel (8 heads "
+            f"per rank or fewer); {heads} heads on the {engine} kernel keep {rps} rows per split"
+        )
+        return rps
+    return cfg["THROUGHPUT_ROWS_PER_SPLIT"]
 
 
 def decode_engine(device: torch.device) -> str:

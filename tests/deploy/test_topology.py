@@ -100,6 +100,35 @@ def test_relay_opt_in_reaches_every_worker_through_the_launch_env(monkeypatch):
     assert mt.plugin_capabilities({mt.RELAY_OPT_IN_ENV: "yes"}).relays_shared_kv is False
 
 
+def test_decode_splits_throughput_is_validated_and_rendered():
+    """decode_splits: throughput reaches every worker through the launch env (and the
+    config hash); with more than 8 heads per rank, or set through env:, it is refused."""
+    from deepinfer_sm80.deploy import launcher
+    from deepinfer_sm80.deploy.topology import DECODE_SPLITS_ENV
+
+    tp8, path = load("tp8")
+    assert DECODE_SPLITS_ENV not in launcher.render(tp8).env  # latency: the kernel default
+    fast = tp8.model_copy(update={"decode_splits": "throughput"})
+    assert not validate(fast, path).errors
+    plan = launcher.render(fast)
+    assert plan.env[DECODE_SPLITS_ENV] == "throughput"
+    assert any(d == f"{DECODE_SPLITS_ENV}=throughput" for d, _ in plan.decisions)
+    assert plan.config_hash() != launcher.render(tp8).config_hash()
+    tp4, path4 = load("tp4-pp2")
+    errors = validate(tp4.model_copy(update={"decode_splits": "throughput"}), path4).errors
+    assert any(
+        "decode_splits: throughput needs 8 heads per rank" in e
+        and "tensor_parallel 4 gives 16" in e
+        for e in errors
+    )
+    errors = validate(
+        tp8.model_copy(update={"env": {DECODE_SPLITS_ENV: "throughput"}}), path
+    ).errors
+    assert any(f"env.{DECODE_SPLITS_ENV}: set decode_splits" in e for e in errors)
+    with pytest.raises(ValueError, match="decode_splits"):
+        Topology.model_validate({**tp8.model_dump(), "decode_splits": "fast"})
+
+
 def test_asymmetric_tp_is_plan_only():
     v = validate(*load("tp2-tp4"))
     assert not v.errors and v.plan_only and not v.launchable

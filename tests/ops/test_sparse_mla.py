@@ -531,6 +531,11 @@ def test_decode_split_mode_choice(monkeypatch, caplog):
         assert choose("tilelang", 16, 640) == rps
         assert choose("triton", 8, 640) == 128
     assert "throughput applies to the TileLang narrow kernel" in caplog.text
+    # deploy/ spells the variable and the head limit out (it never imports torch)
+    from deepinfer_sm80.deploy import topology
+
+    assert topology.DECODE_SPLITS_ENV == mla_kernels.DECODE_SPLITS_ENV
+    assert topology.NARROW_HEADS == tilelang_decode.NARROW_HEADS
     monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "fast")
     with pytest.raises(ValueError, match=r"DECODE_SPLITS='fast': expected one of latency, thr"):
         choose("tilelang", 8, 640)

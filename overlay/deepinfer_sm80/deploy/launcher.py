@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from deepinfer_sm80 import model_topology
 from deepinfer_sm80.deploy.schema import Topology
+from deepinfer_sm80.deploy.topology import DECODE_SPLITS_ENV
 
 ENGINE_READY_TIMEOUT_S = 3600  # loading ~475 GiB of weights takes long (vLLM recipes)
 
@@ -179,6 +180,15 @@ def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
             (
                 f"--host {topo.host}",
                 "listening beyond loopback as configured; set VLLM_API_KEY to require a key",
+            )
+        )
+    if topo.decode_splits != "latency":
+        env[DECODE_SPLITS_ENV] = topo.decode_splits
+        decisions.append(
+            (
+                f"{DECODE_SPLITS_ENV}={topo.decode_splits}",
+                "one sparse-MLA decode split per token: faster at large batches, "
+                "slower below about 160 decode tokens per step",
             )
         )
     env.update(topo.env)

@@ -114,7 +114,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # THROUGHPUT_ROWS_PER_SPLIT: the narrow kernel's split size when the deployment asks
     # for throughput (DEEPINFER_SPARSE_MLA_DECODE_SPLITS=throughput): a V4.1 token's
     # 128 + 512 rows in one split, no partials, no merge (40.2 KB through the register
-    # path for PV). H200, 8 heads: T=256 43 us against 57, T<=16 2x slower
+    # path for PV). H200, 8 heads: T=256 43 us against 56, T<=16 2x slower
     # (NVIDIA_H200.decode_tilelang_s13_experiments.log).
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,

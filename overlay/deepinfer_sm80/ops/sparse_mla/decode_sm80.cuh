@@ -936,7 +936,7 @@ __device__ __forceinline__ void decode_cta(
 // fragment blocks, transposed, are PV's), and only the RoPE warp keeps slices, two, filled
 // by cp.async one tile ahead. 29.8 KB at 192 rows, 40.2 KB at 640, 128 registers, no
 // spills on sm_80/86. On the H200 it took the same time as the slices path at 640 rows
-// and 7-10% more at 192 (NVIDIA_H200.decode_tilelang_s13_experiments.log), so short
+// and 7-13% more at 192 (NVIDIA_H200.decode_tilelang_s13_experiments.log), so short
 // splits keep the slices.
 // ---------------------------------------------------------------------------------------
 constexpr int kNarrowHeads = 8;

@@ -1127,7 +1127,7 @@ __device__ __forceinline__ void decode_cta_narrow(
         const uint8_t* r = sm.rec[i0 + (lane >> 2) + 8 * i];
         if (r != nullptr) buf[i] = __ldg(reinterpret_cast<const uint4*>(r + 64 * warp + 16 * (lane & 3)));
       }
-    } else if (kRegPV) {
+    } else if constexpr (kRegPV) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int row = (lane >> 3) + 4 * i;
@@ -1140,7 +1140,7 @@ __device__ __forceinline__ void decode_cta_narrow(
       for (int i = 0; i < 8; ++i) {
         const uint8_t* r = sm.rec[i0 + (lane >> 3) + 4 * i];
         const int at = (kBf16Rows ? 128 * warp : 448) + 16 * (lane & 7);
-        if (r != nullptr) buf[kBufChunks == 8 ? i : 0] = __ldg(reinterpret_cast<const uint4*>(r + at));
+        if (r != nullptr) buf[i] = __ldg(reinterpret_cast<const uint4*>(r + at));
       }
     }
   };
@@ -1215,13 +1215,13 @@ __device__ __forceinline__ void decode_cta_narrow(
     } else {
       // The RoPE warp's lanes hold whole 128-byte rows per 8 lanes: through shared
       // memory and ldmatrix, all eight first, then the two chains interleaved.
-      if (kRegPV) {
+      if constexpr (kRegPV) {
         cp_async_wait_all();  // this tile's rows are in ks (issued a tile ago)
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int row = (lane >> 3) + 4 * i;
-          *reinterpret_cast<uint4*>(ks + ks_at(row, lane & 7)) = buf[kBufChunks == 8 ? i : 0];
+          *reinterpret_cast<uint4*>(ks + ks_at(row, lane & 7)) = buf[i];
         }
       }
       __syncwarp();

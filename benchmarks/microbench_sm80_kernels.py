@@ -298,8 +298,9 @@ def build_registry() -> Registry:
     for heads in (64, 32, 8):  # TP 1, 2, 8
         for T in (1, 4, 16, 64, 256):
             _decode_case(registry, T, heads, 128, 512)
-    for T in (1, 4, 16, 64, 256):  # the narrow kernel's one split per token (TP8)
-        _decode_case(registry, T, 8, 128, 512, splits="throughput")
+    for heads in (64, 32, 8):  # decode_splits: throughput, one split per token
+        for T in (1, 4, 16, 64, 256):
+            _decode_case(registry, T, heads, 128, 512, splits="throughput")
     for T in (5, 80):  # DSpark draft layers: widened SWA window, no compressed cache
         _decode_case(registry, T, 32, 192, 0)
     for context in (16384, 65536):

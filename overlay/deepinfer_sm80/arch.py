@@ -103,19 +103,19 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # tilelang_decode.py; same split policy, PREFETCH 1). Knobs:
     # ROWS_PER_SPLIT (a token's split count is ceil(rows / ROWS_PER_SPLIT); the kernel
     # deals the rows evenly over them, in whole 16-row steps) and PREFETCH (tiles of loads
-    # in flight: 1 or 2; 2 measured no faster on the H200). sm_80/sm_86: 122-124
-    # registers, 36.5 KB (narrow: 46.1 KB) shared memory. ROWS_PER_SPLIT 192 (640 rows:
+    # in flight: 1 or 2; 2 measured no faster on the H200). sm_80/sm_86: 124-125
+    # registers, 33.4 KB (narrow: 122, 46.1 KB) shared memory. ROWS_PER_SPLIT 192 (640 rows:
     # 4 splits of 160), measured on the H200 with the even split, wide kernel
     # (NVIDIA_H200.decode_tilelang_s8_experiments.log). Against 128: 3-5%
     # slower at T<=4, 7-25% faster at T=64 and 256, at T=16 12-24% faster with 32 or 64
     # heads and 4% slower with 8; DSpark T=5 20% slower, T=80 13% faster. Against 224:
     # 9-16% faster at T<=16, 6-9% slower at T=256. DSpark (K=5) decodes 6 tokens per
     # request, so T>=16 from 3 requests on.
-    # THROUGHPUT_ROWS_PER_SPLIT: the narrow kernel's split size when the deployment asks
-    # for throughput (DEEPINFER_SPARSE_MLA_DECODE_SPLITS=throughput): a V4.1 token's
-    # 128 + 512 rows in one split, no partials, no merge (40.2 KB through the register
-    # path for PV). H200, 8 heads: T=256 43 us against 56, T<=16 2x slower
-    # (NVIDIA_H200.decode_tilelang_s13_experiments.log).
+    # THROUGHPUT_ROWS_PER_SPLIT: the split size when the deployment asks for throughput
+    # (DEEPINFER_SPARSE_MLA_DECODE_SPLITS=throughput): a V4.1 token's 128 + 512 rows in
+    # one split, no partials, no merge (wide kernel 47.4 KB, narrow 40.2 KB through its
+    # register path for PV). H200, T=256: 207/108/42 us against 292/154/56 with 64/32/8
+    # heads; T<=16 about 2x slower (NVIDIA_H200.decode_tilelang_s13_experiments.log).
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

@@ -188,7 +188,7 @@ def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
             (
                 f"{DECODE_SPLITS_ENV}={topo.decode_splits}",
                 "one sparse-MLA decode split per token: faster at large batches, "
-                "slower below about 160 decode tokens per step",
+                "slower at small ones",
             )
         )
     env.update(topo.env)

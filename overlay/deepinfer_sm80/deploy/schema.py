@@ -89,12 +89,11 @@ class Topology(_Strict):
     speculative: Speculative = Speculative()
     """Speculative decoding settings."""
     decode_splits: Literal["latency", "throughput"] = "latency"
-    """Split policy of the sparse-MLA decode kernel (DEEPINFER_SPARSE_MLA_DECODE_SPLITS).
+    """Split policy of the sparse-MLA decode kernels (DEEPINFER_SPARSE_MLA_DECODE_SPLITS).
     latency: each token's 640 selected rows in 4 splits, fastest for small batches.
-    throughput: one split per token, for 8 heads per rank or fewer (tensor_parallel 8);
-    on an H200 (proxy) its attention took 42 instead of 56 us at 256 decode tokens per
-    step and 31 instead of 14-15 us at 16 or fewer, crossing over near 160 tokens (about
-    27 DSpark requests). Either way a token's bits do not depend on the batch."""
+    throughput: one split per token, faster for large batches, about 2x slower for small
+    ones; README "Serve" has the H200 (proxy) figures and crossover points per head
+    count. Either way a token's bits do not depend on the batch."""
     engram_cpu_offload: bool = True
     """Keep the Engram tables (about 189 GiB) in pinned host memory."""
     vision: bool = False

@@ -18,10 +18,9 @@ from deepinfer_sm80 import model_topology
 from deepinfer_sm80.deploy.schema import Topology
 
 NUM_HEADS = 64  # attention heads (HF config num_attention_heads)
-# The sparse-MLA decode's narrow kernel (ops/sparse_mla/tilelang_decode.NARROW_HEADS) and
-# the variable its split policy reads (ops/sparse_mla/triton_kernel.DECODE_SPLITS_ENV);
-# spelled out here because deploy/ never imports torch (ARCHITECTURE.md); a test ties them.
-NARROW_HEADS = 8
+# The variable the sparse-MLA decode's split policy reads
+# (ops/sparse_mla/triton_kernel.DECODE_SPLITS_ENV), spelled out here because deploy/ never
+# imports torch (ARCHITECTURE.md); a test ties them.
 DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
 MOE_INTERMEDIATE = 2304  # moe_intermediate_size
 MARLIN_TILE = 128  # Marlin's MoE tile along the intermediate dimension
@@ -134,13 +133,6 @@ def validate(
                 f"{path}: parallel.tensor_parallel: {tp} does not divide the "
                 f"{NUM_HEADS} attention heads; use 1, 2, 4, 8, 16, 32 or 64"
             )
-    if topo.decode_splits == "throughput" and min(tps) * NARROW_HEADS < NUM_HEADS:
-        v.errors.append(
-            f"{path}: decode_splits: throughput needs {NARROW_HEADS} heads per rank or fewer "
-            f"(tensor_parallel >= {NUM_HEADS // NARROW_HEADS}); tensor_parallel "
-            f"{min(tps)} gives {NUM_HEADS // max(min(tps), 1)}, whose kernel cannot hold "
-            "one split's row tables in 48 KB; remove decode_splits or use tensor_parallel 8"
-        )
     if DECODE_SPLITS_ENV in topo.env:
         v.errors.append(
             f"{path}: env.{DECODE_SPLITS_ENV}: set decode_splits in the topology instead "

@@ -90,7 +90,9 @@ struct Smem {
   float alpha[kHeads];                    // rescale of the tile; the final factor at the end
   const uint8_t* rec[kRowsPerSplit];      // the split's record addresses (nullptr = skip)
   uint8_t scale[kNopeWarps][kTableRows];  // their scale bytes, by group (0 for a skipped row)
-  alignas(8) uint32_t fold[kWarps][kTableRows];  // their folded factors, fp32 bits (group 7: 1)
+  // Their folded factors as bf16 bits (group 7: 1): powers of two, exact in bf16, and
+  // half the size of fp32 bits, so one split's tables of 640 rows fit 48 KB.
+  alignas(8) uint16_t fold[kWarps][kTableRows];
   uint32_t valid[(kRowsPerSplit + 31) / 32];  // bit i: row i of the split is real
 };
 
@@ -674,9 +676,9 @@ __device__ __forceinline__ void decode_cta(
         const uint32_t word = grp < 4 ? scale_bytes[k].x : scale_bytes[k].y;
         const uint32_t byte = (word >> (8 * (grp & 3))) & 0xFFu;
         sm.scale[grp][i] = static_cast<uint8_t>(byte);
-        sm.fold[grp][i] = factor_field(byte) << 23;
+        sm.fold[grp][i] = static_cast<uint16_t>(factor_field(byte) << 7);
       }
-      sm.fold[kNopeWarps][i] = kUnitField << 23;  // the RoPE group is not scaled
+      sm.fold[kNopeWarps][i] = kUnitField << 7;  // the RoPE group is not scaled
     }
   }
   __syncthreads();  // sm.scale and sm.fold are complete
@@ -687,14 +689,14 @@ __device__ __forceinline__ void decode_cta(
     const uint32_t valid = (sm.valid[i0 >> 5] >> (i0 & 31)) & 0xffffu;
     const uint8_t* tile_scale = kBf16Rows ? nullptr : &sm.scale[nope ? warp : 0][i0];
 
-    // The tile's folded factors (fp32 bits) for the rows 2c, 2c+1 (f01) and 8+2c, 9+2c
-    // (f89) of this lane's fragments; 1 for the RoPE warp, so every warp runs one path.
-    // bf16 rows have no scales: every factor is 1.
-    constexpr uint32_t kOne = kUnitField << 23;
-    uint2 f01 = make_uint2(kOne, kOne), f89 = f01;
+    // The tile's folded factors (bf16x2: row 2c in the low half) for the rows 2c, 2c+1
+    // (f01) and 8+2c, 9+2c (f89) of this lane's fragments; 1 for the RoPE warp, so every
+    // warp runs one path. bf16 rows have no scales: every factor is 1.
+    constexpr uint32_t kOne = (kUnitField << 7) * 0x10001u;
+    uint32_t f01 = kOne, f89 = kOne;
     if (!kBf16Rows) {
-      f01 = *reinterpret_cast<const uint2*>(&sm.fold[warp][i0 + 2 * c]);
-      f89 = *reinterpret_cast<const uint2*>(&sm.fold[warp][i0 + 8 + 2 * c]);
+      f01 = *reinterpret_cast<const uint32_t*>(&sm.fold[warp][i0 + 2 * c]);
+      f89 = *reinterpret_cast<const uint32_t*>(&sm.fold[warp][i0 + 8 + 2 * c]);
     }
 
     store_tile<kBf16Rows>(ks, cur, tile_scale, warp, lane);
@@ -729,8 +731,9 @@ __device__ __forceinline__ void decode_cta(
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const float f_a = __uint_as_float(j == 0 ? f01.x : f89.x);
-      const float f_b = __uint_as_float(j == 0 ? f01.y : f89.y);
+      // a bf16's fp32 is its bits << 16
+      const float f_a = __uint_as_float((j == 0 ? f01 : f89) << 16);
+      const float f_b = __uint_as_float((j == 0 ? f01 : f89) & 0xFFFF0000u);
       s[j][0] *= f_a;
       s[j][1] *= f_b;
       s[j][2] *= f_a;
@@ -791,14 +794,11 @@ __device__ __forceinline__ void decode_cta(
       }
       uint32_t pa[4];
       ldsm_x4(pa, &sm.ps[(lane & 7) + 8 * ((lane >> 3) & 1)][8 * (lane >> 4)]);
-      {  // P's columns 2c, 2c+1 (pa[0..1]) and 2c+8, 2c+9 (pa[2..3]) are rows; a power
-         // of two's bf16 is the top half of its fp32 bits
-        const uint32_t b01 = __byte_perm(f01.x, f01.y, 0x7632);
-        const uint32_t b89 = __byte_perm(f89.x, f89.y, 0x7632);
-        pa[0] = mul_bf16x2(pa[0], b01);
-        pa[1] = mul_bf16x2(pa[1], b01);
-        pa[2] = mul_bf16x2(pa[2], b89);
-        pa[3] = mul_bf16x2(pa[3], b89);
+      {  // P's columns 2c, 2c+1 (pa[0..1]) and 2c+8, 2c+9 (pa[2..3]) are rows
+        pa[0] = mul_bf16x2(pa[0], f01);
+        pa[1] = mul_bf16x2(pa[1], f01);
+        pa[2] = mul_bf16x2(pa[2], f89);
+        pa[3] = mul_bf16x2(pa[3], f89);
       }
 #pragma unroll
       for (int j = 0; j < 8; j += 2) {

@@ -147,7 +147,7 @@ class DecodeVariant:
         records = 8 * rps  # one pointer per row
         table_rows = 1 if self.bf16_rows else rps  # bf16 rows have no scales
         scales = -(-7 * table_rows // 8) * 8  # one byte per row and NoPE group, 8-aligned
-        folds = 4 * 8 * table_rows  # one fp32 factor per row and group
+        folds = 2 * 8 * table_rows  # one bf16 factor per row and group
         real_rows = 4 * -(-rps // 32)  # one bit per row
         size = ks + sp + ps + alpha + records + scales + folds + real_rows
         return -(-size // 8) * 8  # the struct's alignment: its pointers
@@ -279,8 +279,8 @@ def shipped_variants() -> list[DecodeVariant]:
     """What a DeepSeek-V4.1 server launches. Decode: SWA 128 + Top-K 512 (compressed
     layers), SWA 128 alone, and the DSpark draft layers' 192-row window, wide and narrow;
     prefill: the two index widths of the bf16 workspace. vLLM always passes the lengths
-    and the sink. Decode's split size and prefetch depth are arch.py's; the narrow kernel
-    also ships its throughput split size for the widths past ROWS_PER_SPLIT
+    and the sink. Decode's split size and prefetch depth are arch.py's; both kernels also
+    ship the throughput split size for the widths past ROWS_PER_SPLIT
     (``triton_kernel.decode_rows_per_split``)."""
     cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
     rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
@@ -291,7 +291,16 @@ def shipped_variants() -> list[DecodeVariant]:
         for main, extra in widths
     ]
     decode += [
-        DecodeVariant(main, extra, True, True, cfg["THROUGHPUT_ROWS_PER_SPLIT"], 1, True)
+        DecodeVariant(
+            main,
+            extra,
+            True,
+            True,
+            cfg["THROUGHPUT_ROWS_PER_SPLIT"],
+            1 if narrow else prefetch,
+            narrow,
+        )
+        for narrow in (False, True)
         for main, extra in widths
         if main + extra > rps
     ]

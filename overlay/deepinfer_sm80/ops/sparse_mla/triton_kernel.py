@@ -661,20 +661,21 @@ def decode_split_mode() -> str:
 
 def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
     """Rows per split of a decode launch: arch.py's ``ROWS_PER_SPLIT``, or in throughput
-    mode, for the TileLang narrow kernel (8 heads per rank or fewer) and index rows wider
-    than that, ``THROUGHPUT_ROWS_PER_SPLIT``. Fewer splits cut each split's fixed cost
-    (row resolution, partials, the merge) at large batches and lengthen a small batch's
-    longest CTA. The wide kernel keeps ROWS_PER_SPLIT: its 640-row tables do not fit
-    48 KB of shared memory."""
+    mode, for the TileLang kernels and index rows wider than that,
+    ``THROUGHPUT_ROWS_PER_SPLIT``. Fewer splits cut each split's fixed cost (row
+    resolution, partials, the merge) at large batches and lengthen a small batch's longest
+    CTA. The Triton kernel keeps ROWS_PER_SPLIT (its tables are not sized for it; it is
+    the fallback, not the fast path). ``heads`` is for the warning only: both TileLang
+    kernels fit a 640-row split in 48 KB."""
     cfg_name = "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
     cfg = kernel_config(cfg_name).constexpr_dict()
     rps = cfg["ROWS_PER_SPLIT"]
     if decode_split_mode() == "latency" or width <= rps:
         return rps
-    if engine != "tilelang" or heads > tilelang_decode.NARROW_HEADS:
+    if engine != "tilelang":
         _warn_once(
-            f"{DECODE_SPLITS_ENV}=throughput applies to the TileLang narrow kernel (8 heads "
-            f"per rank or fewer); {heads} heads on the {engine} kernel keep {rps} rows per split"
+            f"{DECODE_SPLITS_ENV}=throughput applies to the TileLang kernels; {heads} heads "
+            f"on the {engine} kernel keep {rps} rows per split"
         )
         return rps
     return cfg["THROUGHPUT_ROWS_PER_SPLIT"]

@@ -664,9 +664,9 @@ def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
     mode, for the TileLang kernels and index rows wider than that,
     ``THROUGHPUT_ROWS_PER_SPLIT``. Fewer splits cut each split's fixed cost (row
     resolution, partials, the merge) at large batches and lengthen a small batch's longest
-    CTA. The Triton kernel keeps ROWS_PER_SPLIT (its tables are not sized for it; it is
-    the fallback, not the fast path). ``heads`` is for the warning only: both TileLang
-    kernels fit a 640-row split in 48 KB."""
+    CTA. The Triton kernel (the fallback, and the interpreter's path) keeps
+    ROWS_PER_SPLIT: the throughput split was measured for the TileLang kernels only, both
+    of which fit a 640-row split in 48 KB. ``heads`` is for the warning."""
     cfg_name = "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
     cfg = kernel_config(cfg_name).constexpr_dict()
     rps = cfg["ROWS_PER_SPLIT"]

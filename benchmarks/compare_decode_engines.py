@@ -77,6 +77,19 @@ def ampere_fit_notes(variants: list[tuple[str, str, dict[str, int]]]) -> list[st
     return notes
 
 
+def decode_cases(only: str = "") -> list:
+    """The kernels suite's decode cases whose name contains ``only``, at the default split
+    mode: the ``_throughput`` cases fix their split size (THROUGHPUT_ROWS_PER_SPLIT), so
+    a ROWS_PER_SPLIT variant would run the same kernel under another label."""
+    return [
+        c
+        for c in build_registry().cases()
+        if c.name.startswith("mla_decode")
+        and c.params.get("splits") == "latency"
+        and only in c.name
+    ]
+
+
 def _graph_us(fn, timer: CudaTimer) -> float:
     fn()  # compile outside the capture
     torch.cuda.synchronize()
@@ -104,11 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     for note in ampere_fit_notes(variants):
         print(note)
-    cases = [
-        c
-        for c in build_registry().cases()
-        if c.name.startswith("mla_decode") and args.only in c.name
-    ]
+    cases = decode_cases(args.only)
     timer = CudaTimer(reps=30)
     base = arch.KERNEL_CONFIGS[CONFIG]
     with restored_env(DECODE_ENGINE_ENV):

@@ -18,6 +18,10 @@ def test_default_variants_are_buildable_and_cover_both_engines():
     names = [c.name for c in build_registry().cases() if c.name.startswith("mla_decode")]
     assert len(names) == 32 and "mla_decode_T256_H8_w128+512" in names
     assert "mla_decode_T256_H8_w128+512_throughput" in names
+    # the comparison sweeps split sizes: the throughput cases, whose size is fixed, stay out
+    compared = [c.name for c in cmp.decode_cases()]
+    assert len(compared) == 17 and not any(n.endswith("_throughput") for n in compared)
+    assert [c.name for c in cmp.decode_cases("T256_H8")] == ["mla_decode_T256_H8_w128+512"]
 
 
 def test_variant_parser():

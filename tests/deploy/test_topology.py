@@ -101,13 +101,14 @@ def test_relay_opt_in_reaches_every_worker_through_the_launch_env(monkeypatch):
 
 
 def test_decode_splits_throughput_is_validated_and_rendered():
-    """decode_splits: throughput reaches every worker through the launch env (and the
-    config hash); set through env: instead, it is refused."""
+    """decode_splits reaches every worker through the launch env (and the config hash),
+    whichever it is, so a variable left in a node's environment cannot override it; set
+    through env: instead, it is refused."""
     from deepinfer_sm80.deploy import launcher
     from deepinfer_sm80.deploy.topology import DECODE_SPLITS_ENV
 
     tp8, path = load("tp8")
-    assert DECODE_SPLITS_ENV not in launcher.render(tp8).env  # latency: the kernel default
+    assert launcher.render(tp8).env[DECODE_SPLITS_ENV] == "latency"  # the topology decides
     fast = tp8.model_copy(update={"decode_splits": "throughput"})
     assert not validate(fast, path).errors
     plan = launcher.render(fast)
@@ -152,7 +153,11 @@ def test_golden_render_tp4_pp2():
     topo, _ = load("tp4-pp2")
     plan = render(topo)
     assert plan.argv == GOLDEN_TP4_PP2
-    assert plan.env == {"VLLM_PP_LAYER_PARTITION": "20,20", "VLLM_ENGINE_READY_TIMEOUT_S": "3600"}
+    assert plan.env == {
+        "VLLM_PP_LAYER_PARTITION": "20,20",
+        "DEEPINFER_SPARSE_MLA_DECODE_SPLITS": "latency",
+        "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
+    }
     assert any("even split" in why for _, why in plan.decisions)
 
 

@@ -266,11 +266,18 @@ def _extreme_groups(rows: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("heads", [16, NARROW])
 @pytest.mark.parametrize("q_shift", [-80, 0], ids=["mixed-logits", "huge-logits"])
-def test_decode_extreme_scales_and_subnormal_codes(device, engine, q_shift, heads):
+@pytest.mark.parametrize("splits", ["latency", "throughput"])
+def test_decode_extreme_scales_and_subnormal_codes(
+    device, engine, monkeypatch, q_shift, heads, splits
+):
     """Scales outside the TileLang fast path's fold and subnormal e4m3 codes decode
     exactly. With the huge group's query dims scaled down (-80) the huge rows mix with
     the others in the softmax; unscaled (0), their logits are ~2^80 and q * k must not
-    overflow on the way (it did once: the query's 2^64 bias times a full decode)."""
+    overflow on the way (it did once: the query's 2^64 bias times a full decode). Both
+    split modes: throughput runs the 640-row builds (the narrow kernel's register path)."""
+    if splits == "throughput" and engine == "triton":
+        pytest.skip("throughput splits are the TileLang kernels'")
+    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, splits)
     case = make_decode_case(
         2,
         64,
@@ -457,6 +464,8 @@ def test_decode_split_sizes(device, engine, monkeypatch, rows):
     narrow kernel's register path for PV, whose tables do not fit beside the slices). 8
     heads: the TileLang warps that own only padded head rows skip their softmax work, and
     the output must not notice."""
+    if rows > 320 and engine == "triton":
+        pytest.skip("336 and 640 rows exercise the TileLang narrow kernel's register path")
     _with_rows_per_split(monkeypatch, rows)
     case = make_decode_case(
         3, 64, seed=rows, device=device, lens=[128, 93, 0], extra_lens=[512, 389, 171]
@@ -522,6 +531,7 @@ def test_decode_split_mode_choice(monkeypatch, caplog):
     anything else is refused, naming the variable."""
     rps = arch.KERNEL_CONFIGS["sparse_mla.decode_tilelang"].constexpr_dict()["ROWS_PER_SPLIT"]
     choose = mla_kernels.decode_rows_per_split
+    monkeypatch.setattr(mla_kernels, "_warned", set())  # warn-once state of earlier tests
     monkeypatch.delenv(mla_kernels.DECODE_SPLITS_ENV, raising=False)
     assert choose("tilelang", 8, 640) == rps == 192
     monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "Throughput ")
@@ -551,6 +561,46 @@ def test_deploy_names_the_split_variable_the_kernels_read():
     from deepinfer_sm80.deploy import topology
 
     assert topology.DECODE_SPLITS_ENV == mla_kernels.DECODE_SPLITS_ENV
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [8, 5])
+@pytest.mark.parametrize("rows", [192, 640])
+def test_narrow_register_path_matches_the_slices_path(device, monkeypatch, heads, rows):
+    """The narrow kernel's two PV paths (V^T from the slices by ldmatrix, or from the
+    decoded registers by movmatrix) multiply the same values in the same order: forced
+    either way, their outputs are bit-identical, with -1 holes, short and empty rows and
+    full-decode scale bytes. (The slices path at 640 rows needs 56 KB of shared memory:
+    the test GPU allows it, Ampere would not, so it never ships.)"""
+    from deepinfer_sm80.ops.mhc.compile import forget_compiled
+
+    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    _with_rows_per_split(monkeypatch, rows)
+    case = make_decode_case(
+        5,
+        64,
+        seed=rows + heads,
+        device=device,
+        lens=[128, 101, 37, 1, 0],
+        extra_lens=[512, 333, 48, 0, 0],
+        cached_rows=_extreme_groups,
+    )
+    shipped = tilelang_decode.DecodeVariant.register_pv
+    runs = {}
+    try:
+        for forced in (False, True):
+            tilelang_decode.DecodeVariant.register_pv = property(
+                lambda v, f=forced: f and v.narrow and not v.bf16_rows
+            )
+            forget_compiled()  # kernels are cached by variant, which does not name the path
+            out, lse = case.run(heads)
+            runs[forced] = (out[:, :heads].clone(), lse[:, :heads].clone())
+    finally:
+        tilelang_decode.DecodeVariant.register_pv = shipped
+        forget_compiled()
+    assert torch.isfinite(runs[False][0]).all()
+    assert torch.equal(runs[False][0].view(torch.int16), runs[True][0].view(torch.int16))
+    assert torch.equal(runs[False][1], runs[True][1])
 
 
 @pytest.mark.gpu

@@ -182,8 +182,9 @@ def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
                 "listening beyond loopback as configured; set VLLM_API_KEY to require a key",
             )
         )
+    # Always set, so the topology, not a stray variable in a node's environment, decides.
+    env[DECODE_SPLITS_ENV] = topo.decode_splits
     if topo.decode_splits != "latency":
-        env[DECODE_SPLITS_ENV] = topo.decode_splits
         decisions.append(
             (
                 f"{DECODE_SPLITS_ENV}={topo.decode_splits}",

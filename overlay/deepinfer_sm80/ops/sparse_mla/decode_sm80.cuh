@@ -678,7 +678,7 @@ __device__ __forceinline__ void decode_cta(
         sm.scale[grp][i] = static_cast<uint8_t>(byte);
         sm.fold[grp][i] = static_cast<uint16_t>(factor_field(byte) << 7);
       }
-      sm.fold[kNopeWarps][i] = kUnitField << 7;  // the RoPE group is not scaled
+      sm.fold[kNopeWarps][i] = static_cast<uint16_t>(kUnitField << 7);  // RoPE: not scaled
     }
   }
   __syncthreads();  // sm.scale and sm.fold are complete
@@ -694,7 +694,7 @@ __device__ __forceinline__ void decode_cta(
     // warp runs one path. bf16 rows have no scales: every factor is 1.
     constexpr uint32_t kOne = (kUnitField << 7) * 0x10001u;
     uint32_t f01 = kOne, f89 = kOne;
-    if (!kBf16Rows) {
+    if constexpr (!kBf16Rows) {  // a bf16-row table has 1 row: never read
       f01 = *reinterpret_cast<const uint32_t*>(&sm.fold[warp][i0 + 2 * c]);
       f89 = *reinterpret_cast<const uint32_t*>(&sm.fold[warp][i0 + 8 + 2 * c]);
     }
@@ -930,14 +930,16 @@ __device__ __forceinline__ void decode_cta(
 // rows (prefill, kBf16Rows) every warp takes the RoPE warp's path, as in the wide kernel.
 //
 // Long splits (kRegisterPV, tilelang_decode.DecodeVariant.register_pv): one split of 640
-// rows needs 14.4 KB of row tables, which do not fit beside the 32 KB of slices within
+// rows needs 14.8 KB of row tables, which do not fit beside the 32 KB of slices within
 // 48 KB. The NoPE warps then keep their decoded rows in registers until PV and build
 // V^T's A fragments from them with movmatrix (an 8 x 8 transpose across the warp: QK's
 // fragment blocks, transposed, are PV's), and only the RoPE warp keeps slices, two, filled
-// by cp.async one tile ahead. 29.8 KB at 192 rows, 40.2 KB at 640, 128 registers, no
-// spills on sm_80/86. On the H200 it took the same time as the slices path at 640 rows
-// and 7-13% more at 192 (NVIDIA_H200.decode_tilelang_s13_experiments.log), so short
-// splits keep the slices.
+// by cp.async one tile ahead. The union with the 16.5 KB output stage then takes 16.5 KB
+// instead of 32: 29.8 KB at 192 rows, 40.2 KB at 640. 128 registers, the cap for two
+// CTAs per SM: no spills at 192 and 640 rows (the shipped size) on sm_80/86, 4 bytes at
+// 336. On the H200 it took the same time as the slices path at 640 rows and 6-13% more
+// at 192 (NVIDIA_H200.decode_tilelang_s13_experiments.log), so short splits keep the
+// slices.
 // ---------------------------------------------------------------------------------------
 constexpr int kNarrowHeads = 8;
 constexpr int kNarrowRows = 32;
@@ -1003,11 +1005,11 @@ __device__ __forceinline__ void decode_cta_narrow(
   constexpr int kPaddedRows = (kRowsPerSplit + kNarrowRows - 1) / kNarrowRows * kNarrowRows;
   // kRegisterPV (records only): the NoPE warps' PV takes V^T from their decoded registers
   // through movmatrix instead of their slices, and the RoPE warp's rows reach its two
-  // slices by cp.async. That frees 24 KB of slices for long splits' row tables (see the
-  // header of this kernel); with short splits the slices path is the faster one.
+  // slices by cp.async. That frees 16 KB (the slices' union with the output stage) for
+  // long splits' row tables (see the header of this kernel); with short splits the
+  // slices path is the faster one.
   static_assert(!(kRegisterPV && kBf16Rows), "bf16 rows (prefill) keep the slices path");
-  constexpr bool kRegPV = kRegisterPV;
-  using S = SmemNarrow<kRowsPerSplit, kBf16Rows ? 1 : kPaddedRows, kRegPV ? 2 : kWarps>;
+  using S = SmemNarrow<kRowsPerSplit, kBf16Rows ? 1 : kPaddedRows, kRegisterPV ? 2 : kWarps>;
   static_assert(sizeof(S) <= kSmemBytes, "smem_bytes() is smaller than SmemNarrow");
   auto& sm = *reinterpret_cast<S*>(smem_raw);
   const int64_t t = blockIdx.x;
@@ -1101,16 +1103,16 @@ __device__ __forceinline__ void decode_cta_narrow(
   }
 
   // This warp's slice (bf16 rows); the RoPE warp's first buffer (records).
-  uint16_t* ks = &sm.u.ks[kRegPV ? 0 : warp][0][0];
+  uint16_t* ks = &sm.u.ks[kRegisterPV ? 0 : warp][0][0];
   // The next tile's bytes, in flight during a tile's math. NoPE lane: 16-byte chunk
   // lane % 4 of rows lane / 4 + 8 i (i < 4); RoPE lane: chunk lane % 8 of rows
   // lane / 8 + 4 i (i < 8), as in the wide kernel's TileBytes (records: by cp.async into
   // the slice buffer `dst`, no registers).
-  constexpr int kBufChunks = kRegPV ? 4 : 8;
+  constexpr int kBufChunks = kRegisterPV ? 4 : 8;
   uint4 buf[kBufChunks];
 #pragma unroll
   for (int i = 0; i < kBufChunks; ++i) buf[i] = make_uint4(0u, 0u, 0u, 0u);
-  if (kRegPV && !nope) {
+  if (kRegisterPV && !nope) {
     // Both buffers start as zeros: a skipped row keeps what its slot held (zeros or a
     // real row's values), finite, with P exactly 0.
 #pragma unroll
@@ -1127,7 +1129,7 @@ __device__ __forceinline__ void decode_cta_narrow(
         const uint8_t* r = sm.rec[i0 + (lane >> 2) + 8 * i];
         if (r != nullptr) buf[i] = __ldg(reinterpret_cast<const uint4*>(r + 64 * warp + 16 * (lane & 3)));
       }
-    } else if constexpr (kRegPV) {
+    } else if constexpr (kRegisterPV) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int row = (lane >> 3) + 4 * i;
@@ -1178,7 +1180,7 @@ __device__ __forceinline__ void decode_cta_narrow(
     // 1. Decode into the slice and 2. S^T over this warp's 64 dims (m-tiles of rows 0-15
     // and 16-31, 4 k-steps each).
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    // The lane's decoded rows g + 8i (NoPE warps), kept for PV when kRegPV.
+    // The lane's decoded rows g + 8i (NoPE warps), kept for PV when kRegisterPV.
     uint32_t kw[4][8];
     if (nope) {
       // The lane's decoded rows g + 8i stay in kw: m-tile mt's rows g and g + 8 are rows
@@ -1196,7 +1198,7 @@ __device__ __forceinline__ void decode_cta_narrow(
         } else {
           decode_chunk(buf[i], (scales >> (8 * i)) & 0xFFu, lo, hi);
         }
-        if (!kRegPV) {
+        if (!kRegisterPV) {
           *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c)) = lo;
           *reinterpret_cast<uint4*>(ks + ks_at(row, 2 * c + 1)) = hi;
         }
@@ -1215,7 +1217,7 @@ __device__ __forceinline__ void decode_cta_narrow(
     } else {
       // The RoPE warp's lanes hold whole 128-byte rows per 8 lanes: through shared
       // memory and ldmatrix, all eight first, then the two chains interleaved.
-      if constexpr (kRegPV) {
+      if constexpr (kRegisterPV) {
         cp_async_wait_all();  // this tile's rows are in ks (issued a tile ago)
       } else {
 #pragma unroll
@@ -1242,7 +1244,7 @@ __device__ __forceinline__ void decode_cta_narrow(
     }
     // The tile's bytes are used up: refill the buffer with the next tile (after QK, so
     // that the buffer and QK's 32 fragment registers are not live at once).
-    uint16_t* const ks_next = kRegPV ? &sm.u.ks[((i0 / kNarrowRows) + 1) & 1][0][0] : ks;
+    uint16_t* const ks_next = kRegisterPV ? &sm.u.ks[((i0 / kNarrowRows) + 1) & 1][0][0] : ks;
     if (r0 + kNarrowRows < r_end) load(i0 + kNarrowRows, ks_next);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
@@ -1301,7 +1303,7 @@ __device__ __forceinline__ void decode_cta_narrow(
       ldsm_x4(pb, &sm.ps[lane & 7][8 * (lane >> 3)]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) pb[j] = mul_bf16x2(pb[j], factor_pair_bf16(pv_fields, j));
-      if (kRegPV && nope) {
+      if (kRegisterPV && nope) {
         // V^T's A fragments are QK's transposed 8 x 8 blocks: movmatrix of kw[i][w]
         // gives lane (g, c) dim 16 (g / 2) + 4 (w / 2) + 2 (g % 2) + w % 2 (the raw
         // decode's pair order) at rows 8 i + 2c, 2c + 1. m-tile mt is the dims of words
@@ -1331,7 +1333,7 @@ __device__ __forceinline__ void decode_cta_narrow(
       }
     }
     __syncwarp();  // this warp's reads of its slice are done before the next tile's stores
-    if (kRegPV && !nope) ks = ks_next;
+    if (kRegisterPV && !nope) ks = ks_next;
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, off);
@@ -1339,18 +1341,18 @@ __device__ __forceinline__ void decode_cta_narrow(
   __syncthreads();  // every slice read and the last tile's alpha are done: stage the output
   // acc[mt][0..3] = O^T at slice column 16 mt + g (+ 8 for [2], [3]), heads 2c, 2c + 1. A
   // NoPE column j holds dim (j & ~3) | (j & 1) << 1 | (j >> 1) & 1 (the raw decode's pair
-  // order) and is out x 2^-64. Head rows 2c of the stage are 2 x 516 floats apart: the
-  // 32 lanes' stores hit 32 banks.
+  // order) and is out x 2^-64; on the register path NoPE m-row g (+ 8) of m-tile mt holds
+  // dim 16 (g / 2) + 4 mt + 2 (g % 2) (+ 1), see PV. Head rows 2c of the stage are
+  // 2 x 516 floats apart: the 32 lanes' stores hit 32 banks (the register path's NoPE
+  // stores: 8 banks, 4-way, 16 stores a lane; about 0.04 us a CTA on the H200).
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int j = 16 * mt + g + 8 * half;
-      // NoPE columns: the raw decode's pair order, through the slice (bf16 rows never
-      // reach here) or through movmatrix (kRegPV, see PV).
-      const int d = 64 * warp + (!nope ? j
-                                       : kRegPV ? 16 * (g >> 1) + 4 * mt + 2 * (g & 1) + half
-                                                : ((j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1)));
+      const int nope_col = kRegisterPV ? 16 * (g >> 1) + 4 * mt + 2 * (g & 1) + half
+                                       : (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
+      const int d = 64 * warp + (nope ? nope_col : j);
       const float unbias = nope ? kAccUnbias : 1.f;
       sm.u.stage[2 * c][d] = acc[mt][2 * half] * unbias;
       sm.u.stage[2 * c + 1][d] = acc[mt][2 * half + 1] * unbias;

@@ -105,7 +105,7 @@ class DecodeVariant:
     def register_pv(self) -> bool:
         """The narrow kernel's register path for PV (``kRegisterPV`` in decode_sm80.cuh),
         taken exactly when its slices path would not fit Ampere's 48 KB: long splits'
-        row tables. With short splits the register path is 7-13% slower (H200)."""
+        row tables. With short splits the register path is 6-13% slower (H200)."""
         return (
             self.narrow
             and not self.bf16_rows

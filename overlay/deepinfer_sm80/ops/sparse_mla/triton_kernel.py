@@ -654,7 +654,8 @@ def decode_split_mode() -> str:
         raise ValueError(
             f"{DECODE_SPLITS_ENV}={mode!r}: expected one of {', '.join(_SPLIT_MODES)} "
             "(latency: several splits per token, for small batches; throughput: one split "
-            "per token with 8 heads per rank or fewer, for large batches)"
+            "per token, for large batches); a server sets it from its topology's "
+            "decode_splits"
         )
     return mode
 

@@ -68,6 +68,20 @@ class DecodeCase:
     extra_idx: torch.Tensor | None = None
     extra_lens: torch.Tensor | None = None
 
+    def token(self, t: int) -> "DecodeCase":
+        """Token t alone, on the same caches (batch-invariance checks)."""
+        one = slice(t, t + 1)
+        return DecodeCase(
+            self.q[one].clone(),
+            self.cache,
+            self.idx[one].clone(),
+            self.lens[one].clone(),
+            self.sink,
+            self.extra,
+            self.extra_idx[one].clone() if self.extra_idx is not None else None,
+            self.extra_lens[one].clone() if self.extra_lens is not None else None,
+        )
+
     def run(self, heads, out=None):
         return sparse_mla_decode(
             self.q,
@@ -489,17 +503,7 @@ def test_decode_deterministic_and_batch_invariant(device, engine, heads):
     again, _ = batch.run(heads)
     assert torch.equal(first[:, :heads].view(torch.int16), again[:, :heads].view(torch.int16))
     t = n_batch // 2
-    alone = DecodeCase(
-        batch.q[t : t + 1].clone(),
-        batch.cache,
-        batch.idx[t : t + 1].clone(),
-        batch.lens[t : t + 1].clone(),
-        batch.sink,
-        batch.extra,
-        batch.extra_idx[t : t + 1].clone(),
-        batch.extra_lens[t : t + 1].clone(),
-    )
-    single, _ = alone.run(heads)
+    single, _ = batch.token(t).run(heads)
     assert torch.equal(single[0, :heads].view(torch.int16), first[t, :heads].view(torch.int16))
 
 
@@ -628,17 +632,7 @@ def test_decode_throughput_splits(device, monkeypatch, heads):
     out, _ = _check_decode(case, heads, "throughput splits")
     assert launched and set(launched) == {640}
     t = 7
-    alone = DecodeCase(
-        case.q[t : t + 1].clone(),
-        case.cache,
-        case.idx[t : t + 1].clone(),
-        case.lens[t : t + 1].clone(),
-        case.sink,
-        case.extra,
-        case.extra_idx[t : t + 1].clone(),
-        case.extra_lens[t : t + 1].clone(),
-    )
-    single, _ = alone.run(heads)
+    single, _ = case.token(t).run(heads)
     assert torch.equal(single[0, :heads].view(torch.int16), out[t, :heads].view(torch.int16))
 
 

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from deepinfer_sm80.arch import kernel_config
 from deepinfer_sm80.ops._validate import check_int, check_paged_records, check_tensor
-from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_to_f32, f32_to_e4m3, ue8m0_to_f32
+from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_ue8m0_to_bf16, f32_to_e4m3
 from deepinfer_sm80.ops.kv_cache.layout import (
     HEAD_DIM,
     RECORD_BYTES,
@@ -78,21 +78,26 @@ def kv_gather_v4_kernel(
         p_scale = p_page + BLOCK_SIZE * 576 + slot * 8  # [ROWS]
         p_out = out_ptr + i_b * out_stride0 + (offset + rows).to(tl.int64) * out_stride1
 
-        # NoPE: 7 groups of 64 e4m3 bytes, each times its UE8M0 scale.
-        m_q = m_r[:, None, None] & m_nope
+        # Every load of the tile comes before its first store: with the RoPE load after
+        # the NoPE store (as written until session 14) the gather took 3-4% longer at
+        # 48K rows and 1M on an H200; stores may alias loads, so they stay in order.
         # Records are read once: let them leave L2 first.
+        m_q = m_r[:, None, None] & m_nope
         b_q = tl.load(
             p_data[:, None, None] + o_col, mask=m_q, other=0, eviction_policy="evict_first"
-        )  # [ROWS, 8, 64] u8
-        b_s = tl.load(p_scale[:, None] + o_g[None, :], mask=m_r[:, None] & (o_g < 7)[None, :])
-        b_nope = e4m3_to_f32(b_q) * ue8m0_to_f32(b_s)[:, :, None]
-        tl.store(p_out[:, None, None] + o_col * out_stride2, b_nope.to(tl.bfloat16), mask=m_q)
-
-        # RoPE: 64 bf16 values copied as they are.
+        )  # [ROWS, 8, 64] u8: 7 groups of 64 e4m3 bytes
+        b_s = tl.load(
+            p_scale[:, None] + o_g[None, :], mask=m_r[:, None] & (o_g < 7)[None, :], other=0
+        )  # [ROWS, 8] UE8M0, one per group
         p_rope = (p_data + 448).to(tl.pointer_type(tl.bfloat16))
         b_rope = tl.load(
             p_rope[:, None] + o_j[None, :], mask=m_r[:, None], eviction_policy="evict_first"
-        )  # [ROWS, 64]
+        )  # [ROWS, 64] bf16, copied as they are
+
+        # The packed PTX decode (4 values per block, ~5.5 instructions a value), bit-
+        # identical to the fp32 path: 2-4% faster than it at 48K rows and 1M (H200).
+        b_nope = e4m3_ue8m0_to_bf16(b_q, tl.broadcast_to(b_s[:, :, None], (ROWS, 8, 64)))
+        tl.store(p_out[:, None, None] + o_col * out_stride2, b_nope, mask=m_q)
         tl.store(p_out[:, None] + (448 + o_j)[None, :] * out_stride2, b_rope, mask=m_r[:, None])
 
 
@@ -119,6 +124,7 @@ def kv_insert_v4_kernel(
         o_col = o_g[:, None] * 64 + o_j[None, :]  # [8, 64]
         p_k = k_ptr + i_t * k_stride0
         b_x = tl.load(p_k + o_col, mask=m_g[:, None], other=0.0).to(tl.float32)
+        b_rope = tl.load(p_k + 448 + o_j)  # before any store, as in the gather
 
         # exponent = ceil(log2(max(amax, 1e-4) / 448)), computed exactly on the bits:
         # amax = m * 2**e with m in [1, 2) gives e - 8, plus 1 when m > 1.75.
@@ -135,7 +141,6 @@ def kv_insert_v4_kernel(
         b_s = tl.minimum(tl.maximum(exponent + 127, 0), 255)
         tl.store(p_scale + o_g, tl.where(m_g, b_s, 0).to(tl.uint8))
 
-        b_rope = tl.load(p_k + 448 + o_j)
         tl.store((p_data + 448).to(tl.pointer_type(tl.bfloat16)) + o_j, b_rope)
 
 

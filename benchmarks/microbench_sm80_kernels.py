@@ -266,11 +266,13 @@ def _prefill_case(registry: Registry, T: int, heads: int, context: int):
         idx = torch.randint(0, context + 128, (T, W), device="cuda", generator=g).int()
         q = (torch.randn(T, heads, 512, device="cuda", generator=g) * 1.4).bfloat16()
         sink = torch.randn(heads, device="cuda", generator=g) + 4
-        return q, kv, idx, sink, torch.empty_like(q)
+        # vLLM passes per-token lengths (from combine_topk_swa_indices): every entry here.
+        lens = torch.full((T,), W, dtype=torch.int32, device="cuda")
+        return q, kv, idx, sink, torch.empty_like(q), lens
 
     def candidate(st):
-        q, kv, idx, sink, out = st
-        sparse_mla_prefill(q, kv, idx, SCALE, sink, out=out)
+        q, kv, idx, sink, out, lens = st
+        sparse_mla_prefill(q, kv, idx, SCALE, sink, topk_length=lens, out=out)
         return out
 
     registry.add(

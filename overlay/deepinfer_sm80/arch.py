@@ -62,15 +62,18 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     "cache_writers.indexer_k": LaunchConfig(num_warps=1, num_stages=1),
     "cache_writers.compressed_kv": LaunchConfig(num_warps=4, num_stages=1),
     "cache_writers.plain_rows": LaunchConfig(num_warps=4, num_stages=1),
-    # Indexer scoring (ops/indexer_logits): picked to fit sm80/sm86 (<= 48 KB, no spill),
-    # not yet by measurement. Prefill stacks query rows to 128 per program; decode uses
-    # the wide config when next_n x heads > 64.
+    # Indexer scoring (ops/indexer_logits), keys-major dots: prefill stacks query rows to
+    # 128 (row, head) pairs per program; decode takes the wide config when next_n x
+    # heads > 32. Warps by measurement on an H200 (session 14: prefill 4 warps 1.3-1.4x
+    # faster than 8; decode 2 warps for 32 pairs, 4 for 64 and 128, BLOCK_N 64 ahead of
+    # 32 and 128; NVIDIA_H200.indexer_s14_experiments.log), within sm80/sm86 fit
+    # (<= 48 KB, no spill); not yet measured on an Ampere GPU.
     "indexer_logits.prefill": LaunchConfig(
-        num_warps=8, num_stages=2, constexprs=(("BLOCK_N", 64), ("STACK", 128))
+        num_warps=4, num_stages=2, constexprs=(("BLOCK_N", 64), ("STACK", 128))
     ),
-    "indexer_logits.decode": LaunchConfig(num_warps=4, num_stages=2, constexprs=(("BLOCK_N", 64),)),
+    "indexer_logits.decode": LaunchConfig(num_warps=2, num_stages=2, constexprs=(("BLOCK_N", 64),)),
     "indexer_logits.decode_wide": LaunchConfig(
-        num_warps=8, num_stages=2, constexprs=(("BLOCK_N", 64),)
+        num_warps=4, num_stages=2, constexprs=(("BLOCK_N", 64),)
     ),
     # Engram lookup (ops/engram): one 256-column row per program iteration.
     "engram.lookup": LaunchConfig(num_warps=4, num_stages=1),

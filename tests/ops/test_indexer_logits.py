@@ -31,7 +31,12 @@ from deepinfer_sm80.ops.indexer_logits import (
     mqa_logits_into,
     paged_mqa_logits_into,
 )
-from deepinfer_sm80.ops.indexer_logits.e4m3_fp16 import F16_OPERAND_SCALE, e4m3_to_f16_scaled
+from deepinfer_sm80.ops.indexer_logits.e4m3_fp16 import (
+    E4M3X4_TO_F16_PTX,
+    F16_OPERAND_SCALE,
+    e4m3_to_f16_scaled,
+    e4m3_to_f16_scaled_packed,
+)
 from deepinfer_sm80.ops.indexer_logits.layout import allocate_cache, page_views
 from deepinfer_sm80.ops.indexer_logits.ref import (
     decode_e4m3,
@@ -207,19 +212,95 @@ def _check_topk_selection(got, want, k_top=TOPK, got_idx=None):
 
 
 @triton.jit
-def _decode_all_bytes(x_ptr, y_ptr):
+def _decode_all_bytes(x_ptr, y_ptr, y_packed_ptr):
     o = tl.arange(0, 256)
-    tl.store(y_ptr + o, e4m3_to_f16_scaled(tl.load(x_ptr + o)))
+    b = tl.load(x_ptr + o)
+    tl.store(y_ptr + o, e4m3_to_f16_scaled(b))
+    tl.store(y_packed_ptr + o, e4m3_to_f16_scaled_packed(b))
 
 
 def test_e4m3_to_f16_is_exact_for_every_byte(device):
+    """Both decodes (on a GPU the packed one is the PTX the kernels run) give the exact
+    value times 2**-8 for every byte, NaN for the two NaN codes, the same bits."""
     x = torch.arange(256, dtype=torch.uint8, device=device)
     y = torch.full((256,), float("nan"), dtype=torch.float16, device=device)
-    _decode_all_bytes[(1,)](x, y)
+    y_packed = torch.full_like(y, float("nan"))
+    _decode_all_bytes[(1,)](x, y, y_packed)
     want = decode_e4m3(x.cpu()) * F16_OPERAND_SCALE
     got = y.cpu().double()
     assert torch.equal(got.isnan(), want.isnan()) and want.isnan().sum() == 2
     assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+    assert torch.equal(y_packed.view(torch.int16), y.view(torch.int16))
+
+
+def _run_ptx(text: str, operands: dict[str, int]) -> dict[str, int]:
+    """A model of the few 32-bit PTX instructions the packed decode uses, enough to run
+    its text on a CPU: prmt (default mode), shr, and, or, add, mul.lo and lop3."""
+    mask32 = 0xFFFFFFFF
+    regs = dict(operands)
+
+    def val(token: str) -> int:
+        token = token.strip()
+        return regs[token] if token in regs else int(token, 0)
+
+    def lop3(a: int, b: int, c: int, lut: int) -> int:
+        out = 0
+        for k in range(8):
+            if lut >> k & 1:
+                term = (a if k & 4 else ~a) & (b if k & 2 else ~b) & (c if k & 1 else ~c)
+                out |= term & mask32
+        return out
+
+    def prmt(a: int, b: int, sel: int) -> int:
+        src = [(a >> 8 * i) & 0xFF for i in range(4)] + [(b >> 8 * i) & 0xFF for i in range(4)]
+        out = 0
+        for i in range(4):
+            nib = sel >> 4 * i & 0xF
+            byte = src[nib & 7]
+            if nib & 8:
+                byte = 0xFF if byte & 0x80 else 0
+            out |= byte << 8 * i
+        return out
+
+    ops = {
+        "shr.b32": lambda a, b: a >> b,
+        "and.b32": lambda a, b: a & b,
+        "or.b32": lambda a, b: a | b,
+        "add.u32": lambda a, b: a + b,
+        "mul.lo.u32": lambda a, b: a * b,
+    }
+    for line in text.strip().splitlines():
+        line = line.strip().rstrip(";")
+        if line in ("{", "}") or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *srcs = [a.strip() for a in args.split(",")]
+        values = [val(a) for a in srcs]
+        if op == "prmt.b32":
+            regs[dst] = prmt(*values)
+        elif op == "lop3.b32":
+            regs[dst] = lop3(*values)
+        else:
+            regs[dst] = ops[op](*values) & mask32
+    return regs
+
+
+def test_packed_decode_ptx_text_places_every_byte_in_every_position(device):
+    """The PTX the GPU runs, executed by a CPU model: each of the 4 bytes of a register,
+    set to each of the 256 values (the others to varied bytes), must give the bits of
+    the elementwise decode, which the test above ties to the exact value."""
+    x = torch.arange(256, dtype=torch.uint8, device=device)
+    y = torch.full((256,), float("nan"), dtype=torch.float16, device=device)
+    _decode_all_bytes[(1,)](x, y, torch.empty_like(y))
+    want = y.cpu().view(torch.int16).to(torch.int64) & 0xFFFF
+    for pos in range(4):
+        for v in range(256):
+            lanes = [(v + 37 * i + 11) & 0xFF for i in range(4)]
+            lanes[pos] = v
+            word = sum(b << 8 * i for i, b in enumerate(lanes))
+            regs = _run_ptx(E4M3X4_TO_F16_PTX.value, {"$2": word})
+            halves = [regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16]
+            assert halves == [int(want[b]) for b in lanes], (pos, v, [hex(h) for h in halves])
 
 
 def test_subnormal_operands_are_not_flushed(device):
@@ -353,6 +434,35 @@ def test_paged_equals_reference(device, heads, next_n, block_size, per_row):
     width = 256
     out = nan_empty(len(lens) * next_n, width, dtype=torch.float32, device=device)
     paged_mqa_logits_into(out, q, cache.unsqueeze(-2), w, ctx, table)
+    check_paged(out, q, cache, w, ctx, table, fp32_budget(heads), width)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,next_n", [(32, 1), (32, 2), (64, 2)])
+def test_paged_replays_under_cuda_graph(device, heads, next_n):
+    """vLLM captures decode (the indexer included) in CUDA graphs: capture once, change
+    queries, weights and lengths in place, replay, and get the bits an eager call on the
+    new inputs gives (-inf and untouched columns included)."""
+    lens = [300, 70, 190, 64]  # keys written per request (the rest of a page is NaN)
+    cache, table, q, w = make_paged(lens, 64, heads, next_n, seed=5, device=device)
+    ctx = torch.tensor([5, 70, 129, 0], dtype=torch.int32, device=device)
+    width = 320
+    out = nan_empty(len(lens) * next_n, width, dtype=torch.float32, device=device)
+    paged_mqa_logits_into(out, q, cache.unsqueeze(-2), w, ctx, table)  # compile first
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_mqa_logits_into(out, q, cache.unsqueeze(-2), w, ctx, table)
+    _, _, q_new, w_new = make_paged(lens, 64, heads, next_n, seed=6, device=device)
+    q.copy_(q_new)
+    w.copy_(w_new)
+    ctx.copy_(torch.tensor([300, 3, 190, 64], dtype=torch.int32))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = nan_empty(len(lens) * next_n, width, dtype=torch.float32, device=device)
+    paged_mqa_logits_into(eager, q, cache.unsqueeze(-2), w, ctx, table)
+    assert torch.equal(out.view(torch.int32), eager.view(torch.int32))
     check_paged(out, q, cache, w, ctx, table, fp32_budget(heads), width)
 
 

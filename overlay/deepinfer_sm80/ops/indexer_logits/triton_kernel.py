@@ -7,10 +7,11 @@ fp16 *exactly* (``e4m3_fp16.py``: values times 2**-8, undone with the key scale)
 Tensor Core dot (fp16 x fp16 -> fp32) has exact products and the only rounding is fp32
 accumulation: 128 terms per head dot, then ``HEADS`` weighted terms per logit.
 
-One program stacks ``ROWS`` query rows x ``HEADS`` heads as the M side of the dot
+One program stacks ``ROWS`` query rows x ``HEADS`` heads as the N side of the dot
 (prefill: consecutive tokens, which share their keys; decode: a request's ``next_n``
-rows), holds their decoded queries for its whole life, and walks ``BLOCK_N``-key tiles:
-load bytes + scales, decode, one dot, relu and weight, sum the heads, scale, store.
+rows), holds their decoded queries for its whole life, and walks ``BLOCK_N``-key tiles
+as the M side: load bytes + scales, decode (packed PTX, four bytes at a time), one dot,
+relu and weight, sum the heads, scale, store.
 Each logit comes from exactly one program with the same arithmetic whatever the grid, so
 the output is independent of the batch, of the split count and of the row grouping.
 Programs along grid axis 1 take every ``n``-th tile of the row group's key range; there
@@ -34,15 +35,18 @@ import triton.language as tl
 from deepinfer_sm80.arch import LaunchConfig, kernel_config
 from deepinfer_sm80.ops._triton_utils import mma
 from deepinfer_sm80.ops._validate import check_tensor
-from deepinfer_sm80.ops.indexer_logits.e4m3_fp16 import PRODUCT_UNSCALE, e4m3_to_f16_scaled
+from deepinfer_sm80.ops.indexer_logits.e4m3_fp16 import (
+    PRODUCT_UNSCALE,
+    e4m3_to_f16_scaled_packed,
+)
 from deepinfer_sm80.ops.indexer_logits.layout import SCALE_BYTES
 from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
-# BLOCK_N keys per step against STACK (row, head) pairs: a [STACK, 128] fp16 query block
-# held in registers, a [BLOCK_N, 128] key tile through shared memory, a [STACK, BLOCK_N]
+# BLOCK_N keys per step against STACK (row, head) pairs: a [128, STACK] fp16 query block
+# held in registers, a [BLOCK_N, 128] key tile through shared memory, a [BLOCK_N, STACK]
 # fp32 accumulator. Two stages let the next tile's bytes arrive (cp.async) during the
-# current dot. Picked to fit 48 KB of shared memory without spills (AOT tier); not yet
-# measured on an Ampere GPU (benchmarks/microbench_sm80_indexer.py).
+# current dot. Warps and tile picked on an H200 within what fits 48 KB of shared memory
+# without spills (AOT tier); not yet measured on an Ampere GPU.
 
 # Programs a launch aims for (grid axis 1 grows until rows x splits reach it): a few
 # waves on 108 (A100) or 84 (A40/A6000) SMs. Any value gives the same output.
@@ -53,18 +57,24 @@ _MAX_STACK = 128
 
 
 @triton.jit
-def _score_tile(q, w, k_bytes, k_scale, ROWS: tl.constexpr, HEADS: tl.constexpr):
-    """Logits ``[ROWS, BLOCK_N]`` of one key tile.
+def _score_tile(q_t, w, k_bytes, k_scale, ROWS: tl.constexpr, HEADS: tl.constexpr):
+    """Logits ``[BLOCK_N, ROWS]`` of one key tile (keys-major).
 
-    ``q [ROWS * HEADS, D]`` decoded fp16 queries (row-major over rows, then heads),
-    ``w [ROWS * HEADS]`` fp32 weights, ``k_bytes [BLOCK_N, D]`` e4m3 bytes and
-    ``k_scale [BLOCK_N]`` fp32.
+    ``q_t [D, ROWS * HEADS]`` decoded fp16 queries, transposed (columns row-major over
+    rows, then heads), ``w [ROWS * HEADS]`` fp32 weights, ``k_bytes [BLOCK_N, D]`` e4m3
+    bytes and ``k_scale [BLOCK_N]`` fp32.
+
+    Keys are the dot's M side and (row, head) pairs its N side, so the head sum runs
+    along N: inside each thread's accumulator fragment and across the lanes of a quad,
+    never across warps. With (row, head) as M (until session 14) it went through shared
+    memory and a barrier every tile; keys-major took 1.05-1.1x less time on its own and
+    is what lets 2-4 warps per program beat 4-8 (``NVIDIA_H200.indexer_s14_experiments.log``).
     """
-    k = e4m3_to_f16_scaled(k_bytes)
-    dots = mma(q, tl.trans(k))  # [ROWS * HEADS, BLOCK_N] fp32, carries 2**-16
-    weighted = tl.maximum(dots, 0.0) * w[:, None]
-    per_row = tl.sum(tl.reshape(weighted, (ROWS, HEADS, k_bytes.shape[0])), axis=1)
-    return per_row * (k_scale * PRODUCT_UNSCALE)[None, :]
+    k = e4m3_to_f16_scaled_packed(k_bytes)
+    dots = mma(k, q_t)  # [BLOCK_N, ROWS * HEADS] fp32, carries 2**-16
+    weighted = tl.maximum(dots, 0.0) * w[None, :]
+    per_key = tl.sum(tl.reshape(weighted, (k_bytes.shape[0], ROWS, HEADS)), axis=2)
+    return per_key * (k_scale * PRODUCT_UNSCALE)[:, None]
 
 
 @triton.jit
@@ -109,7 +119,8 @@ def mqa_logits_prefill_kernel(
     m_q = q_row < num_rows
     o_d = tl.arange(0, HEAD_DIM)
     p_q = q_ptr + q_row.to(tl.int64)[:, None] * q_stride_m + (o_q % HEADS)[:, None] * q_stride_h
-    q = e4m3_to_f16_scaled(tl.load(p_q + o_d[None, :], mask=m_q[:, None], other=0))
+    q = e4m3_to_f16_scaled_packed(tl.load(p_q + o_d[None, :], mask=m_q[:, None], other=0))
+    q_t = tl.trans(q)
     w = tl.load(w_ptr + q_row.to(tl.int64) * w_stride + o_q % HEADS, mask=m_q, other=0.0)
 
     p_out = out_ptr + rows.to(tl.int64) * out_stride  # [ROWS]
@@ -123,9 +134,9 @@ def mqa_logits_prefill_kernel(
             other=0,
         )
         k_scale = tl.load(k_scale_ptr + keys, mask=m_key, other=0.0)
-        logits = _score_tile(q, w, k_bytes, k_scale, ROWS, HEADS)
-        m_out = (keys[None, :] >= ks[:, None]) & (keys[None, :] < key_end[:, None])
-        tl.store(p_out[:, None] + (keys[None, :] - ks[:, None]), logits, mask=m_out)
+        logits = _score_tile(q_t, w, k_bytes, k_scale, ROWS, HEADS)  # [BLOCK_N, ROWS]
+        m_out = (keys[:, None] >= ks[None, :]) & (keys[:, None] < key_end[None, :])
+        tl.store(p_out[None, :] + (keys[:, None] - ks[None, :]), logits, mask=m_out)
 
     # -inf in every column past a row's keys, so the whole output is defined.
     tail_lo = tl.min(tl.where(m_row, length, width))
@@ -183,7 +194,7 @@ def paged_mqa_logits_kernel(
     q_head = o_q % HEADS
     o_d = tl.arange(0, HEAD_DIM)
     p_q = q_ptr + b * q_stride_b + q_next * q_stride_n + q_head * q_stride_h
-    q = e4m3_to_f16_scaled(tl.load(p_q[:, None] + o_d[None, :]))
+    q_t = tl.trans(e4m3_to_f16_scaled_packed(tl.load(p_q[:, None] + o_d[None, :])))
     w = tl.load(w_ptr + (b * NEXT_N + q_next) * w_stride + q_head)
 
     p_out = out_ptr + (b * NEXT_N + o_r) * out_stride  # [NEXT_N]
@@ -202,9 +213,9 @@ def paged_mqa_logits_kernel(
         )
         p_scale = (p_page + block_size * HEAD_DIM + slot * 4).to(tl.pointer_type(tl.float32))
         k_scale = tl.load(p_scale, mask=m_pos, other=0.0)
-        logits = _score_tile(q, w, k_bytes, k_scale, NEXT_N, HEADS)
-        logits = tl.where(pos[None, :] < length[:, None], logits, float("-inf"))
-        tl.store(p_out[:, None] + pos[None, :], logits, mask=m_pos[None, :])
+        logits = _score_tile(q_t, w, k_bytes, k_scale, NEXT_N, HEADS)  # [BLOCK_N, NEXT_N]
+        logits = tl.where(pos[:, None] < length[None, :], logits, float("-inf"))
+        tl.store(p_out[None, :] + pos[:, None], logits, mask=m_pos[:, None])
 
 
 # ------------------------------------------------------------------ host side
@@ -333,7 +344,7 @@ def mqa_logits_into(
 
 
 def _decode_config(next_n: int, heads: int) -> LaunchConfig:
-    if next_n * heads <= 64:
+    if next_n * heads <= 32:
         return kernel_config("indexer_logits.decode")
     return kernel_config("indexer_logits.decode_wide")
 

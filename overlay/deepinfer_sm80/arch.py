@@ -64,10 +64,11 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     "cache_writers.plain_rows": LaunchConfig(num_warps=4, num_stages=1),
     # Indexer scoring (ops/indexer_logits), keys-major dots: prefill stacks query rows to
     # 128 (row, head) pairs per program; decode takes the wide config when next_n x
-    # heads > 32. Warps by measurement on an H200 (session 14: prefill 4 warps 1.3-1.4x
-    # faster than 8; decode 2 warps for 32 pairs, 4 for 64 and 128, BLOCK_N 64 ahead of
-    # 32 and 128; NVIDIA_H200.indexer_s14_experiments.log), within sm80/sm86 fit
-    # (<= 48 KB, no spill); not yet measured on an Ampere GPU.
+    # heads > 32. Warps by measurement on an H200 (session 14: prefill 4 warps 1.2-1.4x
+    # faster than 8; decode 2 warps for 32 pairs, 4 for 64 and 128; BLOCK_N 64 and 2
+    # stages best or within 2% everywhere except next_n 2 x 32 heads, where BLOCK_N 128
+    # or 3 stages were 7-9% faster; NVIDIA_H200.indexer_s14_experiments.log), within
+    # sm80/sm86 fit (<= 48 KB, no spill); not yet measured on an Ampere GPU.
     "indexer_logits.prefill": LaunchConfig(
         num_warps=4, num_stages=2, constexprs=(("BLOCK_N", 64), ("STACK", 128))
     ),
@@ -79,8 +80,9 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     "engram.lookup": LaunchConfig(num_warps=4, num_stages=1),
     # Programs loop over tiles of ROWS records (7 x 64 e4m3 + 64 bf16 each). Picked by
     # benchmarks/tune_kv_gather.py on an H200 (48K rows: 2,869 GB/s vs 2,644 at 4 warps);
-    # measured again with session 14's kernel: (4 rows, 1 warp) within 1% at 48K and
-    # 1M, 2-5% slower at 16K rows. Not yet measured on an Ampere GPU.
+    # measured again with session 14's kernel: (4 rows, 1 warp) equal at 48K rows, 1%
+    # faster at 512K, 2% faster to 5% slower at 16K across runs: kept. Not yet measured
+    # on an Ampere GPU.
     "kv_cache.gather": LaunchConfig(num_warps=2, num_stages=1, constexprs=(("ROWS", 8),)),
     # One program per token; 4 warps cover the 512 + 128 row in two passes.
     "kv_cache.insert": LaunchConfig(num_warps=4, num_stages=1),

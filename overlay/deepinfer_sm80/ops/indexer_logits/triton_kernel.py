@@ -67,9 +67,9 @@ def _score_tile(q_t, w, k_bytes, k_scale, ROWS: tl.constexpr, HEADS: tl.constexp
     Keys are the dot's M side and (row, head) pairs its N side, so the head sum runs
     along N: inside each thread's accumulator fragment and across the lanes of a quad.
     With (row, head) as M (until session 14) it was a reduction across warps, which
-    Triton does through shared memory. Keys-major alone took 1.08-1.8x less time (more
-    with more pairs per program) and lets 2-4 warps per program beat 4-8
-    (``benchmarks/results/NVIDIA_H200.indexer_s14_experiments.log``).
+    Triton does through shared memory. Keys-major alone took 1.0-1.1x less time with 32
+    pairs per program and in prefill, 1.3-1.8x with 64 pairs at 4 warps; with it, 2-4
+    warps per program beat 4-8 (``benchmarks/results/NVIDIA_H200.indexer_s14_experiments.log``).
     """
     k = e4m3_to_f16_scaled_packed(k_bytes)
     dots = mma(k, q_t)  # [BLOCK_N, ROWS * HEADS] fp32, carries 2**-16

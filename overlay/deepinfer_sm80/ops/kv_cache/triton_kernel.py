@@ -80,7 +80,7 @@ def kv_gather_v4_kernel(
 
         # Every load of the tile comes before its first store: with the RoPE load after
         # the NoPE store (as written until session 14) the gather took 3-4% longer at
-        # 48K rows and 1M on an H200; stores may alias loads, so they stay in order.
+        # 48K and 512K rows on an H200; stores may alias loads, so they stay in order.
         # Records are read once: let them leave L2 first.
         m_q = m_r[:, None, None] & m_nope
         b_q = tl.load(

@@ -9,7 +9,7 @@ time is not reported.
 
 Run on a GPU: ``PYTHONPATH=overlay:. python3 -m benchmarks.tune_mhc_small [--tokens 6,12]``.
 Ampere fitness of a shape (registers, spills, shared memory) is checked separately by
-``ops.mhc.warmup.fit_report`` once it is shipped (``make test`` does that for every
+``tilelang_build.fit_report`` once it is shipped (``make test`` does that for every
 shipped variant).
 """
 

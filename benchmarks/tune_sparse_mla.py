@@ -44,8 +44,8 @@ def _with(base: arch.LaunchConfig, c, rows_per_split=None, prefetch=None) -> arc
 
 
 def fit() -> None:
+    from deepinfer_sm80.ampere_fit import compile_for_ampere, fit_violations
     from deepinfer_sm80.ops.sparse_mla.triton_kernel import ampere_kernel_specs
-    from deepinfer_sm80.testing.ampere_fit import compile_for_ampere, fit_violations
 
     base = {s.label: s for s in ampere_kernel_specs()}
     specs = []

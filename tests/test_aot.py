@@ -5,15 +5,16 @@ import json
 import pytest
 
 from deepinfer_sm80 import aot
+from deepinfer_sm80.arch import parse_ampere_arches
 from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
 
 
 def test_parse_arches_accepts_ampere_only():
-    assert aot._parse_arches("8.0 8.6") == [80, 86]
-    assert aot._parse_arches("8.0,8.6") == [80, 86]
+    assert parse_ampere_arches("8.0 8.6") == [80, 86]
+    assert parse_ampere_arches("8.0,8.6") == [80, 86]
     for bad in ("9.0", "sm80", "", "8"):
         with pytest.raises(ValueError, match="--arches"):
-            aot._parse_arches(bad)
+            parse_ampere_arches(bad)
 
 
 def test_seed_copies_missing_entries_and_never_overwrites(tmp_path):

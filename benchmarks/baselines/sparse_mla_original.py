@@ -1,7 +1,7 @@
 """Baseline for the sparse-MLA decode benchmark: the original DeepInfer-SM80 baseline's
 algorithm, so the speed-up compares algorithms, not tuning.
 
-What makes it the baseline (seed brief, optimization 1): NoPE and RoPE are separate dot
+What makes it the baseline (it lacks the original's optimization 1): NoPE and RoPE are separate dot
 paths (q_nope.k_nope + q_rope.k_rope, two PV accumulators), UE8M0 scales are decoded
 with ``exp2(s - 127)`` on the transcendental unit, and every call ends with a reduction
 launch (split-K partials always go through memory). e4m3 is decoded in software because

@@ -27,28 +27,16 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from deepinfer_sm80.arch import parse_ampere_arches
+
 MANIFEST = "manifest.json"
 TRITON_SUBDIR = "triton"
 
 
-def _parse_arches(text: str) -> list[int]:
-    ccs = []
-    for item in text.replace(",", " ").split():
-        major, _, minor = item.partition(".")
-        if not (major.isdigit() and minor.isdigit()) or major != "8":
-            raise ValueError(
-                f"--arches: {item!r} is not an Ampere compute capability; use 8.0 and/or 8.6"
-            )
-        ccs.append(int(major) * 10 + int(minor))
-    if not ccs:
-        raise ValueError('--arches: empty; use "8.0 8.6"')
-    return ccs
-
-
 def build(dest: Path, ccs: list[int]) -> dict:
     """Compile every shipped spec for ``ccs`` into ``dest``; raise if any fails to fit."""
+    from deepinfer_sm80.ampere_fit import compile_for_ampere, fit_violations
     from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
-    from deepinfer_sm80.testing.ampere_fit import compile_for_ampere, fit_violations
 
     cache = dest / TRITON_SUBDIR
     cache.mkdir(parents=True, exist_ok=True)
@@ -110,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "build":
         try:
-            manifest = build(args.dest, _parse_arches(args.arches))
+            manifest = build(args.dest, parse_ampere_arches(args.arches))
         except (ValueError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -1,7 +1,7 @@
 """Per-architecture limits and the kernel launch configs we ship, as data.
 
 Kernels never autotune on the serving path: each op reads its config from
-``KERNEL_CONFIGS`` here. The Ampere fitness tier (``deepinfer_sm80.testing.ampere_fit``)
+``KERNEL_CONFIGS`` here. The Ampere fitness tier (``deepinfer_sm80.ampere_fit``)
 compiles exactly these configs for sm_80 and sm_86 on a CPU machine, so a config
 that does not fit Ampere fails CI instead of a user's server.
 
@@ -64,10 +64,10 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     "cache_writers.plain_rows": LaunchConfig(num_warps=4, num_stages=1),
     # Indexer scoring (ops/indexer_logits), keys-major dots: prefill stacks query rows to
     # 128 (row, head) pairs per program; decode takes the wide config when next_n x
-    # heads > 32. Warps by measurement on an H200 (session 14: prefill 4 warps 1.2-1.4x
+    # heads > 32. Warps by measurement on an H200 (prefill 4 warps 1.2-1.4x
     # faster than 8; decode 2 warps for 32 pairs, 4 for 64 and 128; BLOCK_N 64 and 2
     # stages best or within 2% everywhere except next_n 2 x 32 heads, where BLOCK_N 128
-    # or 3 stages were 7-9% faster; NVIDIA_H200.indexer_s14_experiments.log), within
+    # or 3 stages were 7-9% faster; NVIDIA_H200.indexer_logits_variants.log), within
     # sm80/sm86 fit (<= 48 KB, no spill); not yet measured on an Ampere GPU.
     "indexer_logits.prefill": LaunchConfig(
         num_warps=4, num_stages=2, constexprs=(("BLOCK_N", 64), ("STACK", 128))
@@ -80,7 +80,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     "engram.lookup": LaunchConfig(num_warps=4, num_stages=1),
     # Programs loop over tiles of ROWS records (7 x 64 e4m3 + 64 bf16 each). Picked by
     # benchmarks/tune_kv_gather.py on an H200 (48K rows: 2,869 GB/s vs 2,644 at 4 warps);
-    # measured again with session 14's kernel: (4 rows, 1 warp) equal at 48K rows, 1%
+    # measured again with the current kernel: (4 rows, 1 warp) equal at 48K rows, 1%
     # faster at 512K, 2% faster to 5% slower at 16K across runs: kept. Not yet measured
     # on an Ampere GPU.
     "kv_cache.gather": LaunchConfig(num_warps=2, num_stages=1, constexprs=(("ROWS", 8),)),
@@ -112,7 +112,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # in flight: 1 or 2; 2 measured no faster on the H200). sm_80/sm_86: 124-125
     # registers, 33.4 KB (narrow: 122, 46.1 KB) shared memory. ROWS_PER_SPLIT 192 (640 rows:
     # 4 splits of 160), measured on the H200 with the even split, wide kernel
-    # (NVIDIA_H200.decode_tilelang_s8_experiments.log). Against 128: 3-5%
+    # (NVIDIA_H200.decode_tilelang_skewed_loop_and_fold_table.log). Against 128: 3-5%
     # slower at T<=4, 7-25% faster at T=64 and 256, at T=16 12-24% faster with 32 or 64
     # heads and 4% slower with 8; DSpark T=5 20% slower, T=80 13% faster. Against 224:
     # 9-16% faster at T<=16, 6-9% slower at T=256. DSpark (K=5) decodes 6 tokens per
@@ -121,7 +121,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # (DEEPINFER_SPARSE_MLA_DECODE_SPLITS=throughput): a V4.1 token's 128 + 512 rows in
     # one split, no partials, no merge (wide kernel 47.4 KB, narrow 40.2 KB through its
     # register path for PV). H200, T=256: 207/108/42 us against 292/154/56 with 64/32/8
-    # heads; T<=16 about 2x slower (NVIDIA_H200.decode_tilelang_s13_experiments.log).
+    # heads; T<=16 about 2x slower (NVIDIA_H200.decode_tilelang_one_split_per_token.log).
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,
@@ -142,7 +142,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
         constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("PREFETCH", 1)),
     ),
     # The split reduction of the Triton decode (the TileLang decode merges its splits in
-    # the kernel since session 10): 4 heads per program (H200,
+    # the kernel): 4 heads per program (H200,
     # NVIDIA_H200.sparse_mla_reduce_block_h.log, measured with the TileLang decode of the
     # time): 1-2 us faster than 16 heads at every T (more, smaller programs hide the loads
     # of the splits' partials better).
@@ -158,3 +158,18 @@ def kernel_config(name: str) -> LaunchConfig:
         raise KeyError(
             f"no shipped launch config named {name!r}; known: {sorted(KERNEL_CONFIGS)}"
         ) from None
+
+
+def parse_ampere_arches(text: str) -> list[int]:
+    """``--arches "8.0 8.6"`` (spaces or commas) -> ``[80, 86]``; anything not 8.x is an error."""
+    ccs = []
+    for item in text.replace(",", " ").split():
+        major, _, minor = item.partition(".")
+        if not (major.isdigit() and minor.isdigit()) or major != "8":
+            raise ValueError(
+                f"--arches: {item!r} is not an Ampere compute capability; use 8.0 and/or 8.6"
+            )
+        ccs.append(int(major) * 10 + int(minor))
+    if not ccs:
+        raise ValueError('--arches: empty; use "8.0 8.6"')
+    return ccs

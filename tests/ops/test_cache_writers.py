@@ -22,6 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_sm80.ampere_fit import (
+    compile_for_ampere,
+    fit_violations,
+    format_reports,
+)
+from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops.cache_writers import indexer_k_norm_rope_store, rope_quant_insert
 from deepinfer_sm80.ops.cache_writers.layout import INDEX_RECORD_BYTES, index_page_bytes
 from deepinfer_sm80.ops.cache_writers.ref import (
@@ -42,13 +48,7 @@ from deepinfer_sm80.ops.cache_writers.triton_kernel import (
 from deepinfer_sm80.ops.fp8.ref import e4m3_decode_ref
 from deepinfer_sm80.ops.kv_cache.layout import RECORD_BYTES, page_bytes
 from deepinfer_sm80.ops.kv_cache.ref import encode_records_ref, page_views
-from deepinfer_sm80.testing.ampere_fit import (
-    KernelSpec,
-    compile_for_ampere,
-    fit_violations,
-    format_reports,
-)
-from deepinfer_sm80.testing.poison import cache_bytes, move_cache, paged_cache
+from tools.poison import cache_bytes, move_cache, paged_cache
 
 _V41_OPS = "vllm.models.deepseek_v41.common.ops"
 ON_GPU = os.environ.get("DEEPINFER_TEST_DEVICE", "").lower() == "cuda"  # as conftest decides

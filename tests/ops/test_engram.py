@@ -16,6 +16,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from deepinfer_sm80.ampere_fit import (
+    compile_for_ampere,
+    fit_violations,
+    format_reports,
+)
+from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops.engram import engram_lookup_kernel_override
 from deepinfer_sm80.ops.engram.ref import (
     dequantize_rows_ref,
@@ -24,13 +30,7 @@ from deepinfer_sm80.ops.engram.ref import (
     sorted_lookup_ref,
 )
 from deepinfer_sm80.ops.engram.triton_kernel import ampere_kernel_specs
-from deepinfer_sm80.testing.ampere_fit import (
-    KernelSpec,
-    compile_for_ampere,
-    fit_violations,
-    format_reports,
-)
-from deepinfer_sm80.testing.poison import nan_empty
+from tools.poison import nan_empty
 
 if os.environ.get("DEEPINFER_REQUIRE_VLLM") == "1":
     import vllm.models.deepseek_v41.common.engram as vllm_engram

@@ -46,7 +46,8 @@ from deepinfer_sm80.ops.indexer_logits.ref import (
     quantize_index_k_ref,
     row_lengths,
 )
-from deepinfer_sm80.testing.poison import nan_empty
+from tools import mutants
+from tools.poison import nan_empty
 
 D = 128
 TOPK = 512
@@ -347,6 +348,43 @@ def test_prefill_equals_reference(device, heads, reqs, ratio):
     check_prefill(out, q, k, k_scale, w, ks, ke, fp32_budget(heads))
 
 
+def _prefill_mutant(mutant, q, k, k_scale):
+    """((q, k, k_scale) for the kernel, mutate for its output): ``mutant`` of the prefill
+    logits. No sink here, so that mutant does not apply; the kernel sums over heads, so
+    swapping two heads swaps two query heads (their weights stay)."""
+    if mutant == "scale":
+        return (q, k, k_scale), mutants.scale
+    if mutant == "drop-tile":
+        return (q, k, k_scale), mutants.zero_column_tile
+    if mutant == "ue8m0-exponent":
+        return (q, k, mutants.shift_scale_exponent(k_scale, 5)), None
+    if mutant == "neighbour-row":
+        return (q, *mutants.read_neighbour_key(k, k_scale, 5)), None
+    if mutant == "swap-heads":
+        return (mutants.swap_heads(q, 0, 1, dim=1), k, k_scale), None
+    raise ValueError(f"mutant {mutant!r} does not apply to the indexer logits")
+
+
+@pytest.mark.parametrize("mutant", [m for m in mutants.MUTANTS if m != "ignore-sink"])
+def test_prefill_check_rejects_every_mutant(device, mutant):
+    """Three requests back to back, 32 heads: the kernel passes check_prefill, each
+    mutant of it fails there, on the budget."""
+    q, k, k_scale, w, ks, ke, width = make_prefill(
+        [(37, 3), (0, 4), (200, 2)], 1, 32, seed=4, device=device
+    )
+    out = nan_empty(q.shape[0], width, dtype=torch.float32, device=device)
+    mqa_logits_into(out, q, k, k_scale, w, ks, ke)
+    check_prefill(out, q, k, k_scale, w, ks, ke, fp32_budget(32))
+    (mq, mk, ms), mutate = _prefill_mutant(mutant, q, k, k_scale)
+    if mutate is None:
+        out = nan_empty(q.shape[0], width, dtype=torch.float32, device=device)
+        mqa_logits_into(out, mq, mk, ms, w, ks, ke)
+    else:
+        out = mutate(out)
+    with pytest.raises(AssertionError, match="logits off the budget"):
+        check_prefill(out, q, k, k_scale, w, ks, ke, fp32_budget(32))
+
+
 def test_prefill_clips_and_writes_through_a_strided_view(device):
     """ke past the keys is clipped, ranges longer than the width are cut at the width,
     empty rows are all -inf, and a row-strided output view is honoured."""
@@ -603,8 +641,8 @@ def test_errors_name_the_argument(device):
 
 @pytest.mark.aot
 def test_shipped_configs_fit_ampere():
+    from deepinfer_sm80.ampere_fit import compile_for_ampere, fit_violations, format_reports
     from deepinfer_sm80.ops.indexer_logits.triton_kernel import ampere_kernel_specs
-    from deepinfer_sm80.testing.ampere_fit import compile_for_ampere, fit_violations, format_reports
 
     specs = ampere_kernel_specs()
     reports = compile_for_ampere(specs)

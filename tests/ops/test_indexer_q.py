@@ -20,25 +20,23 @@ import numpy as np
 import pytest
 import torch
 
-from deepinfer_sm80.ops.indexer_q import fused_indexer_q_rope_quant
-from deepinfer_sm80.ops.indexer_q.ref import (
-    fma_f32_ref,
-    indexer_q_rope_quant_ref,
-    rope_rows,
-)
-from deepinfer_sm80.ops.indexer_q.triton_kernel import (
-    ampere_kernel_specs,
-    launch_indexer_q_rope_quant,
-)
-from deepinfer_sm80.testing.ampere_fit import (
+from deepinfer_sm80.ampere_fit import (
     compile_for_ampere,
     fit_violations,
     format_reports,
 )
-from deepinfer_sm80.testing.poison import nan_empty
+from deepinfer_sm80.ops.indexer_q import fused_indexer_q_rope_quant
+from deepinfer_sm80.ops.indexer_q.ref import indexer_q_rope_quant_ref
+from deepinfer_sm80.ops.indexer_q.triton_kernel import (
+    ampere_kernel_specs,
+    launch_indexer_q_rope_quant,
+)
+from deepinfer_sm80.ops.rope.ref import fma_f32_ref, rope_rows
+from tools.poison import nan_empty
+from tools.tiers import skip_not_applicable
 
 # DeepSeek-V4.1 indexer: index_head_dim 128 with qk_rope_head_dim 64 (nope 64).
-# index_n_heads: 32 in the published config (the brief says 64): both are tested.
+# index_n_heads: 32 in the published config (some model descriptions say 64): both are tested.
 HEAD_DIM = 128
 ROPE_DIM = 64
 SOFTMAX_SCALE = HEAD_DIM**-0.5
@@ -450,7 +448,7 @@ def test_gpu_equals_vllm_kernels(device):
     (the one vLLM actually picks) within one e4m3 step on rare elements (its RoPE may
     round differently) and 2 ulps on the weights (it multiplies the two scales first)."""
     if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("vLLM's fp8 kernels need sm89+")
+        skip_not_applicable("vLLM's fp8 kernels need sm89+")
     fiq = vllm_module(VLLM_FIQ)
     args = make_case(2048, 64, seed=1, device=device)
     positions, q, cache, weights, s1, s2 = args

@@ -12,15 +12,16 @@ import types
 import pytest
 import torch
 
-from deepinfer_sm80.ops.indexer_q.ref import rope_rows
+from deepinfer_sm80.ampere_fit import compile_for_ampere, fit_violations, format_reports
 from deepinfer_sm80.ops.inv_rope import fused_inv_rope_fp8_quant
 from deepinfer_sm80.ops.inv_rope.ref import inv_rope_fp8_quant_ref
 from deepinfer_sm80.ops.inv_rope.triton_kernel import (
     ampere_kernel_specs,
     launch_inv_rope_fp8_quant,
 )
-from deepinfer_sm80.testing.ampere_fit import compile_for_ampere, fit_violations, format_reports
-from deepinfer_sm80.testing.poison import nan_empty
+from deepinfer_sm80.ops.rope.ref import rope_rows
+from tools.poison import nan_empty
+from tools.tiers import skip_not_applicable
 
 from .test_indexer_q import _CACHE, compile_ptx, gpu_casts_in_interpreter, vllm_module
 
@@ -379,7 +380,7 @@ def test_production_shapes_bit_exact(device, num_tokens, tp):
 @pytest.mark.vllm
 def test_gpu_equals_vllm(device):
     if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("vLLM's kernel needs sm89+")
+        skip_not_applicable("vLLM's kernel needs sm89+")
     inv = vllm_module(VLLM_INV)
     o, positions, cache = make_o(2048, HEADS, seed=5, device=device)
     for quantize, tma, qgs in ((False, False, 128), (True, False, 128), (True, True, 32)):

@@ -12,7 +12,7 @@ from deepinfer_sm80.ops.kv_cache.ref import (
     insert_ref,
     page_views,
 )
-from deepinfer_sm80.testing.poison import cache_bytes, move_cache, nan_empty, paged_cache
+from tools.poison import cache_bytes, move_cache, nan_empty, paged_cache
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

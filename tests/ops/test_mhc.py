@@ -25,9 +25,10 @@ from deepinfer_sm80.ops.mhc.geometry import (
 )
 from deepinfer_sm80.ops.mhc.inputs import MODEL_SCALARS, NORM_EPS, model_like_inputs
 from deepinfer_sm80.ops.mhc.ref import fused_post_pre_delayed_ref, post_fixed_order
-from deepinfer_sm80.testing.compare import assert_within_torch_budget
+from tools import mutants
+from tools.compare import assert_within_torch_budget
 
-FP32_ATOL = 1.9e-3  # pre, post, comb vs the fp32 reference
+FP32_ATOL = 1.9e-3  # pre, post, comb vs the fp64 reference
 ORIGINAL_PREFILL_ATOL = 4.8e-3  # the original's prefill bound, reported alongside
 PRODUCTION_TOKENS = [1, 6, 12, 15, 16, 17, 32, 128, 1024]
 
@@ -186,7 +187,7 @@ def aot_dir(tmp_path_factory):
 def test_aot_every_shipped_variant_fits_ampere(aot_dir):
     """aot_build raises on any violation; the manifest records every build's resources."""
     from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES
-    from deepinfer_sm80.ops.mhc.tilelang_kernels import ampere_kernel_specs
+    from deepinfer_sm80.ops.mhc.warmup import ampere_kernel_specs
 
     _, manifest = aot_dir
     rows = manifest["kernels"]
@@ -209,7 +210,7 @@ def test_aot_cache_is_what_a_server_on_that_arch_loads(aot_dir, arch, monkeypatc
     import tilelang.cuda.target as cuda_target
     from tilelang.jit.kernel import JITKernel
 
-    from deepinfer_sm80.ops.mhc import compile as mhc_compile
+    from deepinfer_sm80 import tilelang_build
     from deepinfer_sm80.ops.mhc.warmup import seed_tilelang_cache, warmup_mhc_kernels
 
     dest, _ = aot_dir
@@ -226,11 +227,11 @@ def test_aot_cache_is_what_a_server_on_that_arch_loads(aot_dir, arch, monkeypatc
     monkeypatch.setattr(JITKernel, "_compile_and_create_adapter", no_compile)
     for cache in _tilelang_memory_caches():
         monkeypatch.setattr(cache, "_memory_cache", {})
-    mhc_compile.forget_compiled()
+    tilelang_build.forget_compiled()
     try:
         records = warmup_mhc_kernels(8192, log=print)
     finally:
-        mhc_compile.forget_compiled()
+        tilelang_build.forget_compiled()
     assert len(records) == len(SMALL_TOKEN_GROUPS) + 4
 
 
@@ -251,7 +252,7 @@ def _assert_fp32(name, got, ref, atol=FP32_ATOL):
 
 
 def _check_against_reference(inp, got, **flags):
-    ref = _call(fused_post_pre_delayed_ref, inp, **flags)
+    ref = _call(fused_post_pre_delayed_ref, inp, dtype=torch.float64, **flags)
     bf16 = _call(fused_post_pre_delayed_ref, inp, dtype=torch.bfloat16, **flags)
     for i, name in ((1, "post"), (2, "comb"), (4, "next_pre")):
         _assert_fp32(name, got[i], ref[i])
@@ -268,6 +269,32 @@ def test_fused_matches_reference_at_production_shapes(device, num_tokens):
     inp = model_like_inputs(num_tokens, device, seed=num_tokens)
     got = _call(mhc_fused_post_pre_delayed, inp)
     _check_against_reference(inp, got)
+
+
+# The standard mutants (tools/mutants.py) that apply to mHC: no KV tiles, sinks or
+# UE8M0 scales here; the 4 residual streams are its heads. TileLang kernels do not run
+# on a CPU, so these are GPU-tier tests like the cases above.
+MHC_MUTANTS = ["scale", "neighbour-row", "swap-heads"]
+CHECK_REJECTS = r"outside the per-element bound|relative L2 error|max abs error"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mutant", MHC_MUTANTS)
+def test_reference_check_rejects_every_mutant(device, mutant):
+    """T=12 (the fused CUDA-core kernel): the kernel passes _check_against_reference,
+    each mutant of it fails there."""
+    inp = model_like_inputs(12, device, seed=12)
+    got = _call(mhc_fused_post_pre_delayed, inp)
+    _check_against_reference(inp, got)
+    if mutant == "neighbour-row":  # token 0 reads token 1's residual rows
+        shifted = model_like_inputs(12, device, seed=12)
+        shifted.residual[0] = shifted.residual[1]
+        got = _call(mhc_fused_post_pre_delayed, shifted)
+    else:
+        change = mutants.scale if mutant == "scale" else mutants.swap_heads  # streams 0, 1
+        got = (change(got[0]), *got[1:])  # residual_cur
+    with pytest.raises(AssertionError, match=CHECK_REJECTS):
+        _check_against_reference(inp, got)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ from deepinfer_sm80.ops.topk_swa.ref import (
     combined_width,
     compute_global_topk_indices_and_lens_ref,
 )
-from deepinfer_sm80.testing.poison import INDEX_POISON, index_empty
+from tools.poison import INDEX_POISON, index_empty
 
 WINDOW = 128
 TOPK = 512

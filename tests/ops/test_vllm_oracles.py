@@ -17,7 +17,7 @@ from deepinfer_sm80.ops.topk_swa import (
     combine_topk_swa_indices,
     compute_global_topk_indices_and_lens,
 )
-from deepinfer_sm80.testing.poison import nan_empty
+from tools.poison import nan_empty
 
 from .test_kv_cache import _filled_cache
 from .test_topk_swa import TOPK, WINDOW, _global_case, make_chunk

@@ -5,7 +5,7 @@ Each op module exposes ``ampere_kernel_specs()``; a new op adds its module here.
 
 import importlib
 
-from deepinfer_sm80.testing.ampere_fit import KernelSpec
+from deepinfer_sm80.kernel_spec import KernelSpec
 
 OP_MODULES = (
     "deepinfer_sm80.ops.kv_cache.triton_kernel",

@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops.fp8.triton_fp8 import f32_to_e4m3
-from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
 # One program per token in every writer. The indexer's warp count is part of its
 # numerics, not a tuning knob: its RMSNorm sums 128 squares in fp32, and the summation

@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops._validate import check_int, check_tensor
 from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_to_f32, ue8m0_to_f32
-from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
 # One row per (token, head) moves 256 + 8 bytes from host memory (UVA) or HBM; a
 # persistent grid of about one program per SM keeps 16 rows x SMs loads in flight, which

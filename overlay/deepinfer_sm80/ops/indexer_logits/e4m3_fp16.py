@@ -44,7 +44,7 @@ def e4m3_to_f16_scaled(byte):
 # when 0x80 is added, and that bit, moved to bit 9 and times 63, fills bits 9..14 (the
 # exponent) as ``e4m3_to_f16_scaled`` does. 18 instructions per 4 values against about
 # 8 per value unpacked: the indexer kernels took 1.06-1.6x less time with it on an H200
-# (benchmarks/results/NVIDIA_H200.indexer_s14_experiments.log). A CPU test runs this
+# (benchmarks/results/NVIDIA_H200.indexer_logits_variants.log). A CPU test runs this
 # text through a small PTX model for every byte in every position.
 E4M3X4_TO_F16_PTX = tl.constexpr(
     """

@@ -214,7 +214,8 @@ def paged_mqa_logits_torch_loop(
     times the weights, summed over heads, times the key scale; -inf elsewhere.
 
     Pages are read through ``page_views`` so padded page strides work (vLLM's version
-    assumes unpadded pages).
+    assumes unpadded pages). The loop bounds come from ``context_lens`` as host integers:
+    pass it as a CPU tensor to keep a device-to-host sync out of a timed call.
     """
     batch, next_n = q.shape[:2]
     if next_n != 1:

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.arch import LaunchConfig, kernel_config
+from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops._triton_utils import mma
 from deepinfer_sm80.ops._validate import check_tensor
 from deepinfer_sm80.ops.indexer_logits.e4m3_fp16 import (
@@ -40,7 +41,6 @@ from deepinfer_sm80.ops.indexer_logits.e4m3_fp16 import (
     e4m3_to_f16_scaled_packed,
 )
 from deepinfer_sm80.ops.indexer_logits.layout import SCALE_BYTES
-from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
 # BLOCK_N keys per step against STACK (row, head) pairs: a [128, STACK] fp16 query block
 # held in registers, a [BLOCK_N, 128] key tile through shared memory, a [BLOCK_N, STACK]
@@ -66,10 +66,10 @@ def _score_tile(q_t, w, k_bytes, k_scale, ROWS: tl.constexpr, HEADS: tl.constexp
 
     Keys are the dot's M side and (row, head) pairs its N side, so the head sum runs
     along N: inside each thread's accumulator fragment and across the lanes of a quad.
-    With (row, head) as M (until session 14) it was a reduction across warps, which
+    With (row, head) as M it would be a reduction across warps, which
     Triton does through shared memory. Keys-major alone took 1.0-1.1x less time with 32
     pairs per program and in prefill, 1.3-1.8x with 64 pairs at 4 warps; with it, 2-4
-    warps per program beat 4-8 (``benchmarks/results/NVIDIA_H200.indexer_s14_experiments.log``).
+    warps per program beat 4-8 (``benchmarks/results/NVIDIA_H200.indexer_logits_variants.log``).
     """
     k = e4m3_to_f16_scaled_packed(k_bytes)
     dots = mma(k, q_t)  # [BLOCK_N, ROWS * HEADS] fp32, carries 2**-16

@@ -18,7 +18,7 @@ It follows vLLM 0.33.0's ``fused_inv_rope_fp8_quant`` step by step:
 import torch
 
 from deepinfer_sm80.ops.fp8.ref import e4m3_encode_ref
-from deepinfer_sm80.ops.indexer_q.ref import rope_rows
+from deepinfer_sm80.ops.rope.ref import rope_rows
 
 FP8_MAX = 448.0
 AMAX_FLOOR = 1e-10

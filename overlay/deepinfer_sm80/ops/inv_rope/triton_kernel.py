@@ -16,10 +16,10 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops._validate import check_int, check_tensor
 from deepinfer_sm80.ops.fp8.triton_fp8 import f32_to_e4m3
-from deepinfer_sm80.ops.indexer_q.rope import load_f32, rotate, to_bf16
-from deepinfer_sm80.testing.ampere_fit import KernelSpec
+from deepinfer_sm80.ops.rope.triton_rope import load_f32, rotate, to_bf16
 
 FP8_MAX = 448.0
 

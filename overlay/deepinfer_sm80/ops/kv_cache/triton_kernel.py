@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops._validate import check_int, check_paged_records, check_tensor
 from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_ue8m0_to_bf16, f32_to_e4m3
 from deepinfer_sm80.ops.kv_cache.layout import (
@@ -26,7 +27,6 @@ from deepinfer_sm80.ops.kv_cache.layout import (
     V41_MXFP8_RECORD_BYTES,
     V41_NVFP4_RECORD_BYTES,
 )
-from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
 _GATHER_MAX_PROGRAMS = 8192  # per request; programs loop over further tiles
 
@@ -79,7 +79,7 @@ def kv_gather_v4_kernel(
         p_out = out_ptr + i_b * out_stride0 + (offset + rows).to(tl.int64) * out_stride1
 
         # Every load of the tile comes before its first store: with the RoPE load after
-        # the NoPE store (as written until session 14) the gather took 3-4% longer at
+        # the NoPE store the gather took 3-4% longer at
         # 48K and 512K rows on an H200; stores may alias loads, so they stay in order.
         # Records are read once: let them leave L2 first.
         m_q = m_r[:, None, None] & m_nope

@@ -1,22 +1,16 @@
-"""Kernel variants of the mHC op: what is compiled, for which target, and the compiled cache.
+"""Kernel variants of the mHC op: which builder is compiled, with which parameters.
 
 A ``KernelVariant`` names one of the builders in ``tilelang_kernels`` and its compile-time
-parameters. ``get_kernel`` compiles it through TileLang's own cache (memory, then disk
-under ``TILELANG_CACHE_DIR``, then nvcc), so a kernel compiled ahead of time for
-``sm_80``/``sm_86`` (``warmup.py``) is found on disk by a server on that architecture: the
-disk key is a hash of the kernel's TIR, the target, the execution backend and the pass
-configs, and all four are pinned here so the AOT build and the server agree.
+parameters; ``deepinfer_sm80.tilelang_build.get_kernel`` compiles it (through TileLang's
+cache, with the backend pinned there) and ``warmup.py`` builds the shipped ones ahead of
+time.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
-# Pinned so that a kernel compiled ahead of time and the one the server asks for share a
-# cache key: TileLang's "auto" backend could resolve differently on the two machines.
-EXECUTION_BACKEND = "tvm_ffi"
 # Builders: name -> function in tilelang_kernels.
 KINDS = ("post_prenorm_small", "post_prenorm_tc", "mix_norm_epilogue", "post_sqrsum")
 
@@ -93,39 +87,3 @@ class KernelVariant:
             # Each product and sum rounds on its own, so PyTorch can reproduce the bits.
             configs[key.TL_DEVICE_COMPILE_FLAGS] = ["--fmad=false"]
         return configs
-
-
-def cuda_target(cc: int) -> dict:
-    """TileLang target for compute capability ``cc`` (80 -> sm_80), as its detector builds it."""
-    return {"kind": "cuda", "arch": f"sm_{cc}"}
-
-
-_lock = threading.Lock()
-_compiled: dict[tuple[KernelVariant, str], Any] = {}
-
-
-def get_kernel(variant: KernelVariant, target: dict | str = "auto"):
-    """The compiled JITKernel for ``variant`` (compiled once per process and target)."""
-    key = (variant, repr(target))
-    kernel = _compiled.get(key)
-    if kernel is not None:
-        return kernel
-    import tilelang
-
-    with _lock:
-        kernel = _compiled.get(key)
-        if kernel is None:
-            kernel = tilelang.compile(
-                variant.build(),
-                target=target,
-                execution_backend=EXECUTION_BACKEND,
-                pass_configs=variant.pass_configs(),
-            )
-            _compiled[key] = kernel
-    return kernel
-
-
-def forget_compiled() -> None:
-    """Drop this module's compiled kernels (tests use it to force a cache lookup)."""
-    with _lock:
-        _compiled.clear()

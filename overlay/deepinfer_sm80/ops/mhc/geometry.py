@@ -39,7 +39,7 @@ SMALL_VEC = 4
 # 16 tokens already give 40 CTAs; the epilogue adds the 40 partial rows in order.
 TC_SUB_BLOCKS = 5
 
-# The shipped configs, as data (the lead moves them into arch.KERNEL_CONFIGS).
+# The shipped configs, as data.
 # small: "token_group" tokens per CTA (grid = 24 / tile_n x 8 slices x groups); every
 # token of a group is computed, a partial last group never stores its spare tokens.
 # "tile_n" mix rows per CTA. One token takes a 1-token group over 24 one-row tiles (192

@@ -13,7 +13,7 @@
 The two bf16 roundings are part of the op's contract (vLLM materializes ``residual_cur``
 in bf16 and keeps a bf16 boundary before the input RMSNorm); everything else is fp32.
 ``fused_post_pre_delayed_ref(..., dtype=torch.bfloat16)`` is "PyTorch in bf16": the same
-maths on bf16 tensors, the yardstick of the bf16 error budget (testing/compare.py).
+maths on bf16 tensors, the yardstick of the bf16 error budget (tools/compare.py).
 
 ``post_fixed_order`` is the bit-exact reference of ``mhc_post_with_sqrsum``: it performs
 the kernel's fp32 operations in the kernel's order, one PyTorch op per rounding (a

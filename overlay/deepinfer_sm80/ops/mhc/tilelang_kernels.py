@@ -683,15 +683,3 @@ def post_sqrsum(hidden: int, hc: int):
                     sqrsum[i_t] = total
 
     return kernel
-
-
-def ampere_kernel_specs(max_num_batched_tokens: int = 8192):
-    """The shipped compile configs (``compile.KernelVariant``s) for the Ampere fitness tier.
-
-    TileLang kernels do not fit ``testing.ampere_fit.KernelSpec`` (a Triton launch);
-    ``warmup.fit_report(variant, cc)`` turns each into an ``ampere_fit.FitReport`` that
-    ``ampere_fit.fit_violations`` checks like any other.
-    """
-    from deepinfer_sm80.ops.mhc.warmup import shipped_variants
-
-    return shipped_variants(max_num_batched_tokens)

@@ -26,28 +26,28 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from deepinfer_sm80.ops.mhc.compile import KernelVariant, cuda_target, get_kernel
+from deepinfer_sm80.ampere_fit import fit_violations
+from deepinfer_sm80.arch import parse_ampere_arches
+from deepinfer_sm80.ops.mhc.compile import KernelVariant
 from deepinfer_sm80.ops.mhc.geometry import (
     HC_MULT,
     HIDDEN,
     SINKHORN_ITERS,
     TC_MIN_TOKENS,
 )
+from deepinfer_sm80.tilelang_build import (
+    MANIFEST,
+    compile_into_cache,
+    get_kernel,
+    seed_tilelang_cache,
+)
 
 logger = logging.getLogger("deepinfer_sm80.mhc")
-
-TILELANG_SUBDIR = "tilelang"
-MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,16 @@ def shipped_variants(
     return variants
 
 
+def ampere_kernel_specs(max_num_batched_tokens: int = 8192):
+    """The shipped compile configs (``compile.KernelVariant``s) for the Ampere fitness tier.
+
+    TileLang kernels do not fit ``kernel_spec.KernelSpec`` (a Triton launch);
+    ``tilelang_build.fit_report(variant, cc)`` turns each into an ``ampere_fit.FitReport`` that
+    ``ampere_fit.fit_violations`` checks like any other.
+    """
+    return shipped_variants(max_num_batched_tokens)
+
+
 def _log(msg: str) -> None:
     logger.info(msg)
 
@@ -123,35 +133,6 @@ def warmup_mhc_kernels(
     return records
 
 
-def seed_tilelang_cache(aot_dir: Path | str, cache_dir: Path | str | None = None) -> int:
-    """Copy AOT cache entries missing from the live TileLang cache; returns how many.
-
-    Never overwrites: an entry already there was compiled by this TileLang on this host.
-    """
-    src = Path(aot_dir) / TILELANG_SUBDIR
-    if not src.is_dir():
-        return 0
-    if cache_dir is None:
-        from tilelang import env
-
-        cache_dir = env.TILELANG_CACHE_DIR
-    dst_root = Path(cache_dir)
-    copied = 0
-    for path in sorted(src.rglob("*")):
-        rel = path.relative_to(src)
-        if path.is_dir() or any(part in ("tmp", ".staging") for part in rel.parts):
-            continue
-        target = dst_root / rel
-        if target.exists():
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.seeding")
-        shutil.copy2(path, tmp)
-        os.replace(tmp, target)  # atomic: concurrent workers never see half a file
-        copied += 1
-    return copied
-
-
 def prepare_mhc_kernels(
     max_num_batched_tokens: int,
     aot_dir: Path | str | None = None,
@@ -165,134 +146,6 @@ def prepare_mhc_kernels(
     return warmup_mhc_kernels(max_num_batched_tokens, model, "auto", log)
 
 
-# --- Ampere fitness: registers, spills and shared memory from nvcc/ptxas -----------------
-
-_PTXAS_REGS = re.compile(r"Used (\d+) registers")
-_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
-_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
-
-
-def _dynamic_smem_bytes(kernel, variant: KernelVariant, target: dict) -> int:
-    """TileLang's dynamic shared-memory size (the ``dyn_shared_memory_buf`` attribute)."""
-    import tilelang
-    import tvm
-    from tvm.target import Target
-
-    artifact = getattr(kernel, "artifact", None)
-    if artifact is None:  # loaded from the disk cache: lower again to read the attribute
-        tgt = Target(target)
-        with tvm.transform.PassContext(config=variant.pass_configs()), tgt:
-            artifact = tilelang.lower(variant.build(), target=tgt)
-    total = 0
-    for _, func in artifact.device_mod.functions.items():
-        if func.attrs is not None and "dyn_shared_memory_buf" in func.attrs:
-            total = max(total, int(func.attrs["dyn_shared_memory_buf"]))
-    return total
-
-
-def _ptxas_verbose(source: str, cc: int, extra_flags: list[str]) -> str:
-    """nvcc -cubin -Xptxas -v on TileLang's generated CUDA source, with its include paths."""
-    from tilelang import env
-    from tilelang.contrib import nvcc
-
-    with tempfile.TemporaryDirectory() as tmp:
-        cu = os.path.join(tmp, "k.cu")
-        with open(cu, "w") as f:
-            f.write(source)
-        cmd = [
-            nvcc.get_nvcc_compiler(),
-            "-cubin",
-            "-O3",
-            f"-arch=sm_{cc}",
-            "-std=c++20",
-            "-I" + env.TILELANG_TEMPLATE_PATH,
-            "-I" + env.CUTLASS_INCLUDE_DIR,
-            "-Xptxas",
-            "-v",
-            "-w",
-            *extra_flags,
-            "-o",
-            os.path.join(tmp, "k.cubin"),
-            cu,
-        ]
-        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if run.returncode != 0:
-        raise RuntimeError(f"nvcc failed for sm_{cc}: {run.stderr.strip()[-2000:]}")
-    return run.stdout + run.stderr
-
-
-def fit_report(variant: KernelVariant, cc: int):
-    """Compile ``variant`` for ``sm_{cc}`` (through the TileLang cache) and measure it."""
-    from deepinfer_sm80.testing.ampere_fit import FitReport
-
-    arch = f"sm_{cc}"
-    target = cuda_target(cc)
-    try:
-        t0 = time.perf_counter()
-        kernel = get_kernel(variant, target)
-        compile_s = time.perf_counter() - t0
-        flags = list(variant.pass_configs().get(_device_flags_key(), []))
-        text = _ptxas_verbose(kernel.get_kernel_source(), cc, flags)
-        regs = _PTXAS_REGS.search(text)
-        spill = _PTXAS_SPILL.search(text)
-        static = _PTXAS_SMEM.search(text)
-        if regs is None or spill is None:
-            raise RuntimeError(f"could not parse ptxas -v output: {text.strip()[-1000:]}")
-        smem = _dynamic_smem_bytes(kernel, variant, target) + (
-            int(static.group(1)) if static else 0
-        )
-        report = FitReport(
-            variant.label,
-            arch,
-            smem,
-            int(regs.group(1)),
-            int(spill.group(1)),
-            int(spill.group(2)),
-            threads=variant.threads(),
-            # Variants that cap registers for several CTAs per SM say how many.
-            min_ctas_per_sm=getattr(variant, "min_ctas_per_sm", 1),
-        )
-        return report, compile_s
-    except Exception as exc:  # noqa: BLE001 -- every failure becomes a report line
-        msg = f"{type(exc).__name__}: {exc}"
-        return FitReport(variant.label, arch, None, None, None, None, error=msg[:2000]), 0.0
-
-
-def _device_flags_key():
-    import tilelang
-
-    return tilelang.PassConfigKey.TL_DEVICE_COMPILE_FLAGS
-
-
-def compile_into_cache(dest: Path, variants, ccs, log, what: str) -> tuple[list, list[dict]]:
-    """Compile ``variants`` (anything with ``build()``, ``pass_configs()``, ``label``,
-    ``threads()``) for each ``sm_{cc}`` into ``dest/tilelang``, a TileLang cache folder,
-    measuring each build. Returns the fit reports and one manifest row per build."""
-    cache = Path(dest) / TILELANG_SUBDIR
-    cache.mkdir(parents=True, exist_ok=True)
-    previous = os.environ.get("TILELANG_CACHE_DIR")
-    os.environ["TILELANG_CACHE_DIR"] = str(cache)  # TileLang reads it on every lookup
-    reports, rows = [], []
-    try:
-        for cc in ccs:
-            for variant in variants:
-                report, seconds = fit_report(variant, cc)
-                reports.append(report)
-                rows.append({**asdict(report), "compile_seconds": round(seconds, 2)})
-                log(
-                    f"{what} AOT {variant.label} sm_{cc}: {seconds:.1f} s, "
-                    f"{report.registers} regs, {report.shared_bytes} B smem, "
-                    f"spills {report.spill_store_bytes}/{report.spill_load_bytes}"
-                    + (f", ERROR {report.error}" if report.error else "")
-                )
-    finally:
-        if previous is None:
-            os.environ.pop("TILELANG_CACHE_DIR", None)
-        else:
-            os.environ["TILELANG_CACHE_DIR"] = previous
-    return reports, rows
-
-
 def aot_build(
     dest: Path | str,
     ccs: list[int] = (80, 86),
@@ -301,8 +154,6 @@ def aot_build(
     log=_log,
 ) -> dict:
     """Compile every shipped variant for each ``sm_{cc}`` into ``dest``; raise if one misfits."""
-    from deepinfer_sm80.testing.ampere_fit import fit_violations
-
     dest = Path(dest)
     reports, rows = compile_into_cache(
         dest, shipped_variants(max_num_batched_tokens, model), ccs, log, "mHC"
@@ -320,18 +171,6 @@ def aot_build(
     return manifest
 
 
-def _parse_arches(text: str) -> list[int]:
-    ccs = []
-    for item in text.replace(",", " ").split():
-        major, _, minor = item.partition(".")
-        if major != "8" or not minor.isdigit():
-            raise ValueError(f"--arches: {item!r} is not an Ampere capability; use 8.0 and/or 8.6")
-        ccs.append(80 + int(minor))
-    if not ccs:
-        raise ValueError('--arches: empty; use "8.0 8.6"')
-    return ccs
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deepinfer_sm80.ops.mhc.warmup")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -346,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "aot":
         try:
             manifest = aot_build(
-                args.dest, _parse_arches(args.arches), args.max_num_batched_tokens, log=print
+                args.dest, parse_ampere_arches(args.arches), args.max_num_batched_tokens, log=print
             )
         except (ValueError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)

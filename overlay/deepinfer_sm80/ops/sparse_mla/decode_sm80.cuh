@@ -356,7 +356,7 @@ __device__ __forceinline__ int split_size(int total, int n_splits) {
 // as they are), and its 8 scale bytes (not with kScales false: bf16 rows have none). Both
 // kernels' prologues call it; the branches are written per cache on purpose (a version
 // choosing a cache struct by reference measured 2-7% slower,
-// NVIDIA_H200.decode_tilelang_s9_experiments.log section 11).
+// NVIDIA_H200.decode_tilelang_narrow_kernel.log section 11).
 template <bool kScales = true>
 __device__ __forceinline__ const uint8_t* resolve_row(
     int64_t t, int r, int main_len, int64_t main_addr, int64_t main_stride, int main_rows,
@@ -404,7 +404,7 @@ __device__ __forceinline__ uint32_t factor_field(uint32_t s) {
 // the output and lse. No reduction kernel runs after the decode: 2-11% faster at every
 // shape that splits with a cold L2; under CUDA-graph replay 2-8% with 8 heads, 3-4% at
 // T=256, and within 2.3% either way for 32 or 64 heads at T <= 64
-// (NVIDIA_H200.decode_tilelang_s10_experiments.log). The arrival is
+// (NVIDIA_H200.decode_tilelang_split_merge_in_kernel.log). The arrival is
 // one atomic with acquire-release semantics at GPU scope by one thread after a CTA
 // barrier; a fence in every thread before it measured 2-4% slower.
 //
@@ -938,7 +938,7 @@ __device__ __forceinline__ void decode_cta(
 // instead of 32: 29.8 KB at 192 rows, 40.2 KB at 640. 128 registers, the cap for two
 // CTAs per SM: no spills at 192 and 640 rows (the shipped size) on sm_80/86, 4 bytes at
 // 336. On the H200 it took the same time as the slices path at 640 rows and 6-13% more
-// at 192 (NVIDIA_H200.decode_tilelang_s13_experiments.log), so short splits keep the
+// at 192 (NVIDIA_H200.decode_tilelang_one_split_per_token.log), so short splits keep the
 // slices.
 // ---------------------------------------------------------------------------------------
 constexpr int kNarrowHeads = 8;

@@ -29,10 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES, kernel_config
-
-# One TileLang compile cache for all our TileLang kernels (pinned backend and pass
-# configs give stable disk-cache keys); it takes any variant with build()/pass_configs().
-from deepinfer_sm80.ops.mhc.compile import get_kernel
+from deepinfer_sm80.tilelang_build import get_kernel
 
 DSPARK_SWA_WIDTH_K5 = 192  # vLLM: round_up(window 128 + K 5, 64)
 PREFILL_WIDTHS = (640, 128)  # vLLM: round_up(topk + window, 128), topk 512 or 0
@@ -316,8 +313,8 @@ def shipped_variants() -> list[DecodeVariant]:
 
 def fit_reports(ccs=(80, 86)) -> list:
     """``ampere_fit.FitReport`` per shipped variant and architecture (nvcc + ptxas -v
-    through the helpers the mHC kernels are measured with)."""
-    from deepinfer_sm80.ops.mhc.warmup import fit_report
+    through ``tilelang_build``, as the mHC kernels are measured)."""
+    from deepinfer_sm80.tilelang_build import fit_report
 
     return [fit_report(v, cc)[0] for cc in ccs for v in shipped_variants()]
 
@@ -325,7 +322,7 @@ def fit_reports(ccs=(80, 86)) -> list:
 def warmup(log=print, aot_dir: Path | None = None) -> list[dict]:
     """Compile (or load from TileLang's cache) every shipped variant for this GPU, after
     copying the image's AOT builds (``aot_dir``, see ``aot_build``) into that cache."""
-    from deepinfer_sm80.ops.mhc.warmup import seed_tilelang_cache
+    from deepinfer_sm80.tilelang_build import seed_tilelang_cache
 
     if aot_dir is not None and aot_dir.is_dir():
         log(f"sparse MLA decode: seeded {seed_tilelang_cache(aot_dir)} TileLang cache files")
@@ -345,9 +342,8 @@ def aot_build(dest: Path, ccs=(80, 86), log=print) -> dict:
     The image does this at build time, without a GPU, as for the mHC kernels."""
     import json
 
-    from deepinfer_sm80.ops.mhc.compile import forget_compiled
-    from deepinfer_sm80.ops.mhc.warmup import MANIFEST, compile_into_cache
-    from deepinfer_sm80.testing.ampere_fit import fit_violations
+    from deepinfer_sm80.ampere_fit import fit_violations
+    from deepinfer_sm80.tilelang_build import MANIFEST, compile_into_cache, forget_compiled
 
     # Kernels already compiled in this process would be served from memory and never
     # reach the new cache folder.
@@ -368,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from deepinfer_sm80.ops.mhc.warmup import _parse_arches
+    from deepinfer_sm80.arch import parse_ampere_arches
 
     parser = argparse.ArgumentParser(prog="python -m deepinfer_sm80.ops.sparse_mla.tilelang_decode")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -377,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--arches", default="8.0 8.6")
     args = parser.parse_args(argv)
     try:
-        manifest = aot_build(args.dest, _parse_arches(args.arches))
+        manifest = aot_build(args.dest, parse_ampere_arches(args.arches))
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -27,21 +27,21 @@ that had one. The TileLang decode merges its splits in the kernel instead
 import importlib.util
 import logging
 import math
-import os
 import sys
 
 import torch
 import triton
 import triton.language as tl
 
+from deepinfer_sm80 import envs
 from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops._triton_utils import INTERPRETING, mma
 from deepinfer_sm80.ops._validate import check_paged_records, check_tensor
 from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_ue8m0_to_bf16
 from deepinfer_sm80.ops.kv_cache.layout import HEAD_DIM, RECORD_BYTES
 from deepinfer_sm80.ops.sparse_mla import tilelang_decode
 from deepinfer_sm80.ops.sparse_mla.tilelang_decode import DSPARK_SWA_WIDTH_K5
-from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
 LOG2E = 1.4426950408889634
 NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" keeps exp2(m_old - m_new) NaN-free
@@ -640,24 +640,14 @@ def sparse_mla_decode(
 
 DECODE_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_DECODE"
 PREFILL_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_PREFILL"
-_ENGINES = ("auto", "tilelang", "triton")
 DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
-_SPLIT_MODES = ("latency", "throughput")
 
 
 def decode_split_mode() -> str:
     """``DEEPINFER_SPARSE_MLA_DECODE_SPLITS``: ``latency`` (default) or ``throughput``.
     A deployment setting, fixed for the server's life: a token's split count still depends
     only on its own rows, so outputs stay batch-invariant in either mode."""
-    mode = os.environ.get(DECODE_SPLITS_ENV, "latency").strip().lower() or "latency"
-    if mode not in _SPLIT_MODES:
-        raise ValueError(
-            f"{DECODE_SPLITS_ENV}={mode!r}: expected one of {', '.join(_SPLIT_MODES)} "
-            "(latency: several splits per token, for small batches; throughput: one split "
-            "per token, for large batches); a server sets it from its topology's "
-            "decode_splits"
-        )
-    return mode
+    return envs.choice(DECODE_SPLITS_ENV)
 
 
 def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
@@ -698,9 +688,7 @@ def prefill_engine(device: torch.device) -> str:
 
 
 def _engine(device: torch.device, env: str, what: str) -> str:
-    choice = os.environ.get(env, "auto").strip().lower() or "auto"
-    if choice not in _ENGINES:
-        raise ValueError(f"{env}={choice!r}: expected one of {', '.join(_ENGINES)}")
+    choice = envs.choice(env)
     if choice == "triton":
         return choice
     why_not = _tilelang_unusable(device)

@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops._validate import check_int, check_tensor
 from deepinfer_sm80.ops.topk_swa.ref import combined_width
-from deepinfer_sm80.testing.ampere_fit import KernelSpec
 
 _REQ_CHUNK = 64  # requests examined per step when locating a token's request
 

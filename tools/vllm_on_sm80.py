@@ -9,7 +9,7 @@ its own (``ampere_fit`` compiles in a subprocess). Importing vLLM's packages und
 would not work: some call CUDA ops at import.
 
 Attributes are vLLM modules with dots written as ``__``, so a KernelSpec can name such a
-kernel as ``deepinfer_sm80.testing.vllm_on_sm80:vllm__a__b.kernel_name``.
+kernel as ``tools.vllm_on_sm80:vllm__a__b.kernel_name``.
 """
 
 from __future__ import annotations

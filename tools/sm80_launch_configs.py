@@ -17,7 +17,7 @@ Triton specializes some run-time values and so must we: an integer argument equa
 Non-constexpr arguments not named in ``types`` are ``i32`` (sizes, strides, counts); every
 pointer must be named (one whose name ends in ``ptr`` is checked here, any other fails to
 compile as an ``i32``). Call sites of ``VllmJitKernel`` owners point at their
-``__call__``. ``tests/testing/test_sm80_coverage.py`` fails when a kernel on the path has
+``__call__``. ``tests/tools/test_sm80_coverage.py`` fails when a kernel on the path has
 no entry, when an entry's kernel is no longer on the path, and when an entry
 names an argument the kernel does not have or misses a constexpr it has.
 
@@ -31,11 +31,11 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from deepinfer_sm80.testing.ampere_fit import KernelSpec
+from deepinfer_sm80.kernel_spec import KernelSpec
 
 # Resolves a vLLM module re-executed on a stand-in CUDA platform (imported only in the
 # compile subprocess, never here): attribute = the module's name with dots as "__".
-_VLLM_ON_SM80 = "deepinfer_sm80.testing.vllm_on_sm80"
+_VLLM_ON_SM80 = "tools.vllm_on_sm80"
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Launch:
     num_stages: int = 3
     div16: tuple[str, ...] = ()
     # the kernel is defined under `if current_platform.is_cuda()`: resolve it through
-    # deepinfer_sm80.testing.vllm_on_sm80
+    # tools.vllm_on_sm80
     cuda_only_definition: bool = False
     # wrappers around the JITFunction (triton.autotune / triton.heuristics), each with a
     # ``.fn``; an autotuned kernel gets one launch per config of its list

@@ -33,17 +33,16 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-from deepinfer_sm80.arch import AMPERE_ARCHES
-from deepinfer_sm80.testing import cubin_inventory as inventory
-from deepinfer_sm80.testing import sm80_launch_configs as table
-from deepinfer_sm80.testing.ampere_fit import (
-    FitReport,
-    KernelSpec,
+from deepinfer_sm80.ampere_fit import (
     compile_for_ampere,
     fit_violations,
     run_compile_subprocess,
 )
-from deepinfer_sm80.testing.sm80_coverage import (
+from deepinfer_sm80.arch import AMPERE_ARCHES
+from deepinfer_sm80.kernel_spec import FitReport, KernelSpec
+from tools import cubin_inventory as inventory
+from tools import sm80_launch_configs as table
+from tools.sm80_coverage import (
     PYTHON_OP_NAMESPACES,
     Coverage,
     KernelSite,
@@ -114,7 +113,7 @@ def aot_specs(coverage: Coverage) -> tuple[list[KernelSpec], list[str]]:
         if kid not in table.VLLM_LAUNCHES:
             problems.append(
                 f"{kid} ({kernel.where}): newly on the path, with no launch configs in "
-                "deepinfer_sm80/testing/sm80_launch_configs.py: read its call site and add "
+                "tools/sm80_launch_configs.py: read its call site and add "
                 "them (or allowlist the kernel with a reason)"
             )
             continue
@@ -255,7 +254,7 @@ def _tilelang_entry_problems(kid: str, kernel: KernelSite) -> list[str]:
     if kid not in table.VLLM_TILELANG_LAUNCHES:
         return [
             f"{kid} ({kernel.where}): a TileLang kernel newly on the path, with no launches "
-            "in VLLM_TILELANG_LAUNCHES (deepinfer_sm80/testing/sm80_launch_configs.py): "
+            "in VLLM_TILELANG_LAUNCHES (tools/sm80_launch_configs.py): "
             "read its call site and add them (or allowlist the kernel with a reason)"
         ]
     return table.tilelang_table_problems(kid, tilelang_params(kernel))
@@ -357,7 +356,7 @@ def _compile_tilelang_subprocess(
     payload = json.dumps([[asdict(spec), cc] for spec, cc in units])
     with tempfile.TemporaryDirectory(prefix="tilelang-aot-") as cache:
         return run_compile_subprocess(
-            "deepinfer_sm80.testing.sm80_coverage_proof",
+            "tools.sm80_coverage_proof",
             payload,
             timeout_s,
             what="TileLang AOT compile",
@@ -369,7 +368,7 @@ _LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\((\d+)")
 
 
 class _Lowered:
-    """What our mHC package's ``_dynamic_smem_bytes`` asks of a kernel variant when the
+    """What ``tilelang_build.dynamic_smem_bytes`` asks of a kernel variant when the
     kernel has no lowered module of its own (loaded from TileLang's disk cache)."""
 
     def __init__(self, func, pass_configs: dict) -> None:
@@ -413,17 +412,10 @@ def _compile_tilelang_here(units: list[tuple[TileLangSpec, int]]) -> list[FitRep
         make_tilelang_warmup_tensor,
     )
 
-    # Private helpers of ops/mhc/warmup.py, imported rather than copied so that vLLM's
-    # TileLang kernels and ours are measured by one piece of code.
-    from deepinfer_sm80.ops.mhc.compile import cuda_target
-    from deepinfer_sm80.ops.mhc.warmup import (
-        _PTXAS_REGS,
-        _PTXAS_SMEM,
-        _PTXAS_SPILL,
-        _dynamic_smem_bytes,
-        _ptxas_verbose,
-    )
-    from deepinfer_sm80.testing.vllm_on_sm80 import reimport_on_cuda
+    # vLLM's TileLang kernels and ours are measured by one piece of code.
+    from deepinfer_sm80.ampere_fit import PTXAS_REGS, PTXAS_SMEM, PTXAS_SPILL
+    from deepinfer_sm80.tilelang_build import cuda_target, dynamic_smem_bytes, ptxas_verbose
+    from tools.vllm_on_sm80 import reimport_on_cuda
 
     # tilelang_utils first: the kernel modules take T, tilelang and the pass configs
     # from it when they are re-executed
@@ -455,13 +447,13 @@ def _compile_tilelang_here(units: list[tuple[TileLangSpec, int]]) -> list[FitRep
                 compile_flags=jit.compile_flags,
             )
             source = kernel.get_kernel_source()
-            text = _ptxas_verbose(source, cc, _tilelang_nvcc_flags(pass_configs))
-            regs = _PTXAS_REGS.search(text)
-            spill = _PTXAS_SPILL.search(text)
-            static = _PTXAS_SMEM.search(text)
+            text = ptxas_verbose(source, cc, _tilelang_nvcc_flags(pass_configs))
+            regs = PTXAS_REGS.search(text)
+            spill = PTXAS_SPILL.search(text)
+            static = PTXAS_SMEM.search(text)
             if regs is None or spill is None:
                 raise RuntimeError(f"could not parse ptxas -v output: {text.strip()[-1000:]}")
-            smem = _dynamic_smem_bytes(kernel, _Lowered(func, pass_configs), target)
+            smem = dynamic_smem_bytes(kernel, _Lowered(func, pass_configs), target)
             threads = _LAUNCH_BOUNDS.search(source)
             reports.append(
                 FitReport(

@@ -3,13 +3,13 @@
 
 import pytest
 
-from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
-from deepinfer_sm80.testing.ampere_fit import (
-    KernelSpec,
+from deepinfer_sm80.ampere_fit import (
     compile_for_ampere,
     fit_violations,
     format_reports,
 )
+from deepinfer_sm80.kernel_spec import KernelSpec
+from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
 
 pytestmark = pytest.mark.aot
 
@@ -29,13 +29,13 @@ def test_check_rejects_fp8e4nv_and_oversized_shared_memory():
     bad = [
         KernelSpec(
             label="fp8e4nv",
-            kernel="tests.testing.bad_kernels:uses_fp8e4nv",
+            kernel="tests.ampere_bad_kernels:uses_fp8e4nv",
             signature={"x_ptr": "*u8", "y_ptr": "*fp32"},
             constexprs={"BLOCK": 128},
         ),
         KernelSpec(
             label="big-dot",
-            kernel="tests.testing.bad_kernels:big_shared_dot",
+            kernel="tests.ampere_bad_kernels:big_shared_dot",
             signature={"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32"},
             constexprs={"BLOCK": 128, "K": 128},
             num_warps=8,

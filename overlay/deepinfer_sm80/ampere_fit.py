@@ -20,60 +20,16 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from deepinfer_sm80.arch import AMPERE_ARCHES, STATIC_SMEM_LIMIT_BYTES
+from deepinfer_sm80.kernel_spec import FitReport, KernelSpec
 
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """A kernel config as it ships.
-
-    Args:
-        label: name shown in reports, e.g. ``"kv_cache.gather"``.
-        kernel: ``"package.module:attr"`` (dots allowed after the colon) of the kernel.
-        signature: argument name -> Triton type (``"*u8"``, ``"*bf16"``, ``"i32"``,
-            ``"i64"``...); constexpr arguments go in ``constexprs`` instead.
-        constexprs: constexpr argument values.
-        num_warps, num_stages, maxnreg: launch parameters (``maxnreg`` caps registers
-            per thread, e.g. so two CTAs fit one SM).
-        min_ctas_per_sm: CTAs that must fit one SM by registers (the 48 KB shared-memory
-            cap already leaves room for two on sm86's 99 KB).
-        aligned_pointers: compile as if every pointer is 16-byte aligned, the case
-            Triton specializes for at run time (wider vector loads, more registers).
-        ints_divisible_by_16: integer arguments that are multiples of 16 in production
-            (strides, page sizes); Triton specializes those at run time too, and the
-            vectorization -- hence registers -- depends on it. Integer arguments equal to
-            1 at run time (unit strides) belong in ``constexprs`` as 1, as Triton does.
-    """
-
-    label: str
-    kernel: str
-    signature: dict[str, str]
-    constexprs: dict[str, int | bool] = field(default_factory=dict)
-    num_warps: int = 4
-    num_stages: int = 1
-    aligned_pointers: bool = True
-    ints_divisible_by_16: tuple[str, ...] = ()
-    maxnreg: int | None = None
-    min_ctas_per_sm: int = 1
-
-
-@dataclass(frozen=True)
-class FitReport:
-    label: str
-    arch: str
-    shared_bytes: int | None
-    registers: int | None
-    spill_store_bytes: int | None
-    spill_load_bytes: int | None
-    error: str | None = None
-    threads: int = 0
-    min_ctas_per_sm: int = 1
-
-
-_PTXAS_REGS = re.compile(r"Used (\d+) registers")
-_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+# What ``ptxas -v`` prints (read for Triton kernels here and TileLang kernels in
+# ``tilelang_build``).
+PTXAS_REGS = re.compile(r"Used (\d+) registers")
+PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 def _resolve(path: str):
@@ -135,8 +91,8 @@ def _compile_one(spec: KernelSpec, cc: int) -> FitReport:
             )
         if run.returncode != 0:
             raise RuntimeError(f"ptxas failed: {run.stderr.strip()}")
-        regs = _PTXAS_REGS.search(run.stderr)
-        spill = _PTXAS_SPILL.search(run.stderr)
+        regs = PTXAS_REGS.search(run.stderr)
+        spill = PTXAS_SPILL.search(run.stderr)
         if regs is None or spill is None:
             raise RuntimeError(f"could not parse ptxas -v output: {run.stderr.strip()}")
         return FitReport(
@@ -165,7 +121,7 @@ def compile_for_ampere(
     if ccs is None:
         ccs = [major * 10 + minor for major, minor in (a.capability for a in AMPERE_ARCHES)]
     payload = json.dumps({"specs": [asdict(s) for s in specs], "ccs": ccs})
-    return run_compile_subprocess("deepinfer_sm80.testing.ampere_fit", payload, timeout_s)
+    return run_compile_subprocess("deepinfer_sm80.ampere_fit", payload, timeout_s)
 
 
 def run_compile_subprocess(

@@ -1,4 +1,4 @@
-"""testing/ampere_ptx: on a newer GPU, Triton kernels are built as sm_80 PTX for the
+"""tools/ampere_ptx: on a newer GPU, Triton kernels are built as sm_80 PTX for the
 driver to JIT. Checked here without a GPU by compiling for an sm_90 target in a
 subprocess (the switch is process-wide)."""
 
@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ _PROBE = textwrap.dedent(
     """
     import triton, triton.language as tl
     from triton.backends.compiler import GPUTarget
-    from deepinfer_sm80.testing import ampere_ptx
+    from tools import ampere_ptx
 
     @triton.jit
     def k(x):
@@ -41,6 +42,10 @@ def test_enable_hands_sm80_ptx_to_the_driver(tmp_path):
     probe = tmp_path / "probe.py"  # Triton reads a kernel's source from its file
     probe.write_text(_PROBE)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile for real
+    root = Path(__file__).resolve().parents[2]  # the probe imports tools.ampere_ptx
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(root / "overlay"), str(root), env.get("PYTHONPATH", "")]
+    )
     run = subprocess.run(
         [sys.executable, str(probe)],
         capture_output=True,
@@ -56,7 +61,7 @@ def test_enable_hands_sm80_ptx_to_the_driver(tmp_path):
 
 
 def test_only_the_env_switch_enables_it(monkeypatch):
-    from deepinfer_sm80.testing import ampere_ptx
+    from tools import ampere_ptx
 
     monkeypatch.delenv(ampere_ptx.ENV, raising=False)
     assert ampere_ptx.enable_if_requested() is None

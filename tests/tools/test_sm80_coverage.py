@@ -1,5 +1,5 @@
 """The SM80 coverage walk: which kernels and ops DeepSeek-V4.1 runs on Ampere, and that
-each fits (deepinfer_sm80/testing/sm80_coverage.py states the rule).
+each fits (tools/sm80_coverage.py states the rule).
 
 - The rule on a small synthetic package (platform branches, method resolution, the
   ledger's per-binding redirect, cuts, device helpers, op aliases): it can fail.
@@ -28,12 +28,13 @@ from pathlib import Path
 
 import pytest
 
-from deepinfer_sm80.testing import sm80_coverage as cov
-from deepinfer_sm80.testing import sm80_coverage_proof as proof
-from deepinfer_sm80.testing import sm80_launch_configs as table
-from deepinfer_sm80.testing.ampere_fit import format_reports
+from deepinfer_sm80.ampere_fit import format_reports
+from tools import sm80_coverage as cov
+from tools import sm80_coverage_proof as proof
+from tools import sm80_launch_configs as table
+from tools.tiers import import_or_skip
 
-pytest.importorskip("vllm")  # the walk reads vLLM's files; it does not import vLLM
+import_or_skip("vllm")  # the walk reads vLLM's files; it does not import vLLM
 
 
 def _cache_dir(request, name: str, tmp_path_factory) -> Path:
@@ -404,7 +405,7 @@ def test_tilelang_table_is_checked_against_signatures(coverage):
 
 
 def test_tilelang_limits_are_the_arch_limits():
-    from deepinfer_sm80.testing.ampere_fit import FitReport
+    from deepinfer_sm80.kernel_spec import FitReport
 
     def report(arch, smem=1024, regs=64, threads=1024, spill=0, error=None):
         return FitReport("k", arch, smem, regs, spill, spill, error=error, threads=threads)

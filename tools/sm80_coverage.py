@@ -991,7 +991,7 @@ class Walk:
             bases = []
             for chain in info.classes.get(cls.name, ()):
                 # a class statement runs at import, before any rebinding: the base is
-                # the original even where the ledger later rebinds its name
+                # the unpatched class even where the ledger later rebinds its name
                 found = [
                     t
                     for t, _ in self._resolve_chain(info, chain, {}, None, 0, patched=False)
@@ -1341,7 +1341,7 @@ class Walk:
 # ---------------------------------------------------------------------------------------
 # The committed allowlist
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 ALLOWLIST_PATH = REPO_ROOT / "configs" / "sm80_coverage_allowlist.yaml"
 ENTRY_KINDS = ("cut", "base_only", "kernel", "op")
 # Categories whose entries must name the package that replaces the code.

@@ -1,1 +1,0 @@
-"""Reusable test harnesses: Ampere AOT fitness, memory poisoning, comparisons."""

@@ -1,0 +1,234 @@
+"""The one home of our TileLang builds: compile, cache, ahead-of-time, and the Ampere fit.
+
+Every TileLang kernel of ours (mHC, sparse MLA) is a *variant*: an object with
+``build()`` (the PrimFunc), ``pass_configs()``, ``label`` and ``threads()``.
+``get_kernel`` compiles it through TileLang's own cache (memory, then disk under
+``TILELANG_CACHE_DIR``, then nvcc), so a kernel compiled ahead of time for
+``sm_80``/``sm_86`` is found on disk by a server on that architecture: the disk key is a
+hash of the kernel's TIR, the target, the execution backend and the pass configs, and all
+four are pinned here so the AOT build and the server agree.
+
+``compile_into_cache`` is the AOT step (no GPU: nvcc from the ``nvidia-cuda-nvcc``
+wheel), ``seed_tilelang_cache`` copies its output into the live cache at startup, and
+``fit_report`` measures a build the way ``ampere_fit`` measures Triton kernels: registers
+and spills from ``ptxas -v``, shared memory from TileLang's dynamic allocation plus
+ptxas' static figure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+from deepinfer_sm80.ampere_fit import PTXAS_REGS, PTXAS_SMEM, PTXAS_SPILL
+from deepinfer_sm80.kernel_spec import FitReport
+
+TILELANG_SUBDIR = "tilelang"  # the TileLang cache folder inside an AOT folder
+MANIFEST = "manifest.json"
+
+
+class TileLangVariant(Protocol):
+    """One compiled TileLang kernel: hashable, so compiled kernels can be cached by it."""
+
+    @property
+    def label(self) -> str: ...
+
+    def build(self) -> Any: ...
+
+    def pass_configs(self) -> dict: ...
+
+    def threads(self) -> int: ...
+
+
+# Pinned so that a kernel compiled ahead of time and the one the server asks for share a
+# cache key: TileLang's "auto" backend could resolve differently on the two machines.
+EXECUTION_BACKEND = "tvm_ffi"
+
+
+def cuda_target(cc: int) -> dict:
+    """TileLang target for compute capability ``cc`` (80 -> sm_80), as its detector builds it."""
+    return {"kind": "cuda", "arch": f"sm_{cc}"}
+
+
+_lock = threading.Lock()
+_compiled: dict[tuple[TileLangVariant, str], Any] = {}
+
+
+def get_kernel(variant: TileLangVariant, target: dict | str = "auto"):
+    """The compiled JITKernel for ``variant`` (compiled once per process and target)."""
+    key = (variant, repr(target))
+    kernel = _compiled.get(key)
+    if kernel is not None:
+        return kernel
+    import tilelang
+
+    with _lock:
+        kernel = _compiled.get(key)
+        if kernel is None:
+            kernel = tilelang.compile(
+                variant.build(),
+                target=target,
+                execution_backend=EXECUTION_BACKEND,
+                pass_configs=variant.pass_configs(),
+            )
+            _compiled[key] = kernel
+    return kernel
+
+
+def forget_compiled() -> None:
+    """Drop this module's compiled kernels (tests use it to force a cache lookup)."""
+    with _lock:
+        _compiled.clear()
+
+
+def seed_tilelang_cache(aot_dir: Path | str, cache_dir: Path | str | None = None) -> int:
+    """Copy AOT cache entries missing from the live TileLang cache; returns how many.
+
+    Never overwrites: an entry already there was compiled by this TileLang on this host.
+    """
+    src = Path(aot_dir) / TILELANG_SUBDIR
+    if not src.is_dir():
+        return 0
+    if cache_dir is None:
+        from tilelang import env
+
+        cache_dir = env.TILELANG_CACHE_DIR
+    dst_root = Path(cache_dir)
+    copied = 0
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if path.is_dir() or any(part in ("tmp", ".staging") for part in rel.parts):
+            continue
+        target = dst_root / rel
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.seeding")
+        shutil.copy2(path, tmp)
+        os.replace(tmp, target)  # atomic: concurrent workers never see half a file
+        copied += 1
+    return copied
+
+
+def dynamic_smem_bytes(kernel, variant: TileLangVariant, target: dict) -> int:
+    """TileLang's dynamic shared-memory size (the ``dyn_shared_memory_buf`` attribute)."""
+    import tilelang
+    import tvm
+    from tvm.target import Target
+
+    artifact = getattr(kernel, "artifact", None)
+    if artifact is None:  # loaded from the disk cache: lower again to read the attribute
+        tgt = Target(target)
+        with tvm.transform.PassContext(config=variant.pass_configs()), tgt:
+            artifact = tilelang.lower(variant.build(), target=tgt)
+    total = 0
+    for _, func in artifact.device_mod.functions.items():
+        if func.attrs is not None and "dyn_shared_memory_buf" in func.attrs:
+            total = max(total, int(func.attrs["dyn_shared_memory_buf"]))
+    return total
+
+
+def ptxas_verbose(source: str, cc: int, extra_flags: list[str]) -> str:
+    """nvcc -cubin -Xptxas -v on TileLang's generated CUDA source, with its include paths."""
+    from tilelang import env
+    from tilelang.contrib import nvcc
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cu = os.path.join(tmp, "k.cu")
+        with open(cu, "w") as f:
+            f.write(source)
+        cmd = [
+            nvcc.get_nvcc_compiler(),
+            "-cubin",
+            "-O3",
+            f"-arch=sm_{cc}",
+            "-std=c++20",
+            "-I" + env.TILELANG_TEMPLATE_PATH,
+            "-I" + env.CUTLASS_INCLUDE_DIR,
+            "-Xptxas",
+            "-v",
+            "-w",
+            *extra_flags,
+            "-o",
+            os.path.join(tmp, "k.cubin"),
+            cu,
+        ]
+        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise RuntimeError(f"nvcc failed for sm_{cc}: {run.stderr.strip()[-2000:]}")
+    return run.stdout + run.stderr
+
+
+def fit_report(variant: TileLangVariant, cc: int):
+    """Compile ``variant`` for ``sm_{cc}`` (through the TileLang cache) and measure it."""
+    arch = f"sm_{cc}"
+    target = cuda_target(cc)
+    try:
+        t0 = time.perf_counter()
+        kernel = get_kernel(variant, target)
+        compile_s = time.perf_counter() - t0
+        flags = list(variant.pass_configs().get(device_flags_key(), []))
+        text = ptxas_verbose(kernel.get_kernel_source(), cc, flags)
+        regs = PTXAS_REGS.search(text)
+        spill = PTXAS_SPILL.search(text)
+        static = PTXAS_SMEM.search(text)
+        if regs is None or spill is None:
+            raise RuntimeError(f"could not parse ptxas -v output: {text.strip()[-1000:]}")
+        smem = dynamic_smem_bytes(kernel, variant, target) + (int(static.group(1)) if static else 0)
+        report = FitReport(
+            variant.label,
+            arch,
+            smem,
+            int(regs.group(1)),
+            int(spill.group(1)),
+            int(spill.group(2)),
+            threads=variant.threads(),
+            # Variants that cap registers for several CTAs per SM say how many.
+            min_ctas_per_sm=getattr(variant, "min_ctas_per_sm", 1),
+        )
+        return report, compile_s
+    except Exception as exc:  # noqa: BLE001 -- every failure becomes a report line
+        msg = f"{type(exc).__name__}: {exc}"
+        return FitReport(variant.label, arch, None, None, None, None, error=msg[:2000]), 0.0
+
+
+def device_flags_key():
+    import tilelang
+
+    return tilelang.PassConfigKey.TL_DEVICE_COMPILE_FLAGS
+
+
+def compile_into_cache(dest: Path, variants, ccs, log, what: str) -> tuple[list, list[dict]]:
+    """Compile ``variants`` (anything with ``build()``, ``pass_configs()``, ``label``,
+    ``threads()``) for each ``sm_{cc}`` into ``dest/tilelang``, a TileLang cache folder,
+    measuring each build. Returns the fit reports and one manifest row per build."""
+    cache = Path(dest) / TILELANG_SUBDIR
+    cache.mkdir(parents=True, exist_ok=True)
+    previous = os.environ.get("TILELANG_CACHE_DIR")
+    os.environ["TILELANG_CACHE_DIR"] = str(cache)  # TileLang reads it on every lookup
+    reports, rows = [], []
+    try:
+        for cc in ccs:
+            for variant in variants:
+                report, seconds = fit_report(variant, cc)
+                reports.append(report)
+                rows.append({**asdict(report), "compile_seconds": round(seconds, 2)})
+                log(
+                    f"{what} AOT {variant.label} sm_{cc}: {seconds:.1f} s, "
+                    f"{report.registers} regs, {report.shared_bytes} B smem, "
+                    f"spills {report.spill_store_bytes}/{report.spill_load_bytes}"
+                    + (f", ERROR {report.error}" if report.error else "")
+                )
+    finally:
+        if previous is None:
+            os.environ.pop("TILELANG_CACHE_DIR", None)
+        else:
+            os.environ["TILELANG_CACHE_DIR"] = previous
+    return reports, rows

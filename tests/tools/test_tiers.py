@@ -1,0 +1,109 @@
+"""Required tiers (tools/tiers.py and the hooks in tests/conftest.py), run on a small
+suite with this project's conftest: a skip in a required tier fails, naming the test,
+the flag and the reason; other skips stay skips; the tiers summary says what ran."""
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = (Path(__file__).resolve().parents[1] / "conftest.py").read_text()
+MARKERS = """
+[pytest]
+markers =
+    gpu: x
+    vllm: x
+    aot: x
+    tools: x
+    image: x
+"""
+SUITE = """
+import pytest
+from tools.tiers import skip_not_applicable
+
+@pytest.mark.vllm
+def test_needs_vllm():
+    pytest.skip("vllm.fake is missing")
+
+@pytest.mark.vllm
+def test_wrong_gpu():
+    skip_not_applicable("needs sm89+")
+
+@pytest.mark.tools
+def test_needs_promtool():
+    pytest.skip("promtool not found")
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+def test_full_size():
+    pass
+
+def test_plain():
+    pytest.skip("optional extra")
+"""
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini(MARKERS)
+    pytester.makepyfile(test_suite=SUITE)
+    return pytester
+
+
+def _run(suite, monkeypatch, **flags):
+    for flag in ("DEEPINFER_REQUIRE_VLLM", "DEEPINFER_REQUIRE_TOOLS", "DEEPINFER_TEST_DEVICE"):
+        monkeypatch.delenv(flag, raising=False)
+    for flag, value in flags.items():
+        monkeypatch.setenv(flag, value)
+    return suite.runpytest_inprocess("-rA")
+
+
+def test_without_flags_skips_stay_skips(suite, monkeypatch):
+    result = _run(suite, monkeypatch)
+    result.assert_outcomes(skipped=5)
+    result.stdout.fnmatch_lines(["*tiers*", "*required: none", "*vllm   DID NOT RUN: 3 skipped"])
+
+
+def test_require_vllm_fails_a_skipped_vllm_test_and_names_it(suite, monkeypatch):
+    result = _run(suite, monkeypatch, DEEPINFER_REQUIRE_VLLM="1")
+    result.assert_outcomes(failed=1, skipped=4)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_suite.py::test_needs_vllm: skipped, but DEEPINFER_REQUIRE_VLLM=1 requires it:"
+            " Skipped: vllm.fake is missing*",
+            "*required: DEEPINFER_REQUIRE_VLLM=1",
+        ]
+    )
+    # not applicable on this hardware, and the gpu tier not running: still skips
+    assert "test_wrong_gpu: skipped, but" not in result.stdout.str()
+    assert "test_full_size: skipped, but" not in result.stdout.str()
+
+
+def test_require_tools_fails_a_skipped_tools_test(suite, monkeypatch):
+    result = _run(suite, monkeypatch, DEEPINFER_REQUIRE_TOOLS="1")
+    result.assert_outcomes(failed=1, skipped=4)
+    result.stdout.fnmatch_lines(["*test_needs_promtool: skipped, but DEEPINFER_REQUIRE_TOOLS=1*"])
+
+
+def test_import_or_skip_is_a_collection_error_when_required(pytester, monkeypatch):
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini(MARKERS)
+    pytester.makepyfile(
+        test_mod="""
+from tools.tiers import import_or_skip
+import_or_skip("vllm_no_such_module")
+
+def test_x():
+    pass
+"""
+    )
+    monkeypatch.delenv("DEEPINFER_REQUIRE_VLLM", raising=False)
+    pytester.runpytest_inprocess().assert_outcomes(skipped=1)
+    monkeypatch.setenv("DEEPINFER_REQUIRE_VLLM", "1")
+    result = pytester.runpytest_inprocess()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*vllm_no_such_module cannot be imported and DEEPINFER_REQUIRE_VLLM=1 requires it*"]
+    )

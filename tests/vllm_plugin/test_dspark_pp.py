@@ -11,8 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tools.tiers import import_or_skip
+
 pytestmark = pytest.mark.vllm
-pytest.importorskip("vllm")
+import_or_skip("vllm")
 
 
 def _weights():

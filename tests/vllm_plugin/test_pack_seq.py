@@ -3,8 +3,10 @@
 import pytest
 import torch
 
+from tools.tiers import import_or_skip
+
 pytestmark = pytest.mark.vllm
-pytest.importorskip("vllm")
+import_or_skip("vllm")
 
 
 def _fp8_rows(n: int, d: int) -> torch.Tensor:

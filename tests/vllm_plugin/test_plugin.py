@@ -17,9 +17,10 @@ import sys
 import pytest
 
 from deepinfer_sm80.vllm_plugin import apply, ledger
+from tools.tiers import import_or_skip
 
 pytestmark = pytest.mark.vllm
-vllm = pytest.importorskip("vllm")
+vllm = import_or_skip("vllm")
 
 
 def _target(path):

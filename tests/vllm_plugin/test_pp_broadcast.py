@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 import torch
 
+from tools.tiers import import_or_skip
+
 pytestmark = pytest.mark.vllm
-pytest.importorskip("vllm")
+import_or_skip("vllm")
 
 MAX_REQS, MAX_LEN, K = 8, 64, 5
 

@@ -25,6 +25,7 @@ import torch
 
 from deepinfer_sm80 import model_topology as mt
 from deepinfer_sm80.vllm_plugin.pp_relay import records
+from tools.tiers import import_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -34,11 +35,11 @@ PY = sys.executable
 # records (pure torch)
 
 
-def paged(num_blocks: int, block_size: int, width: int, pad: int, fill: int = 0xFF):
+def paged(num_blocks: int, block_size: int, width: int, pad: int, fill: int = 0xFF, device="cpu"):
     """A [num_blocks, block_size, width] uint8 cache whose pages are ``pad`` bytes
     longer than their records (as when vLLM packs several layers into one block)."""
     stride = block_size * width + pad
-    raw = torch.full((num_blocks * stride,), fill, dtype=torch.uint8)
+    raw = torch.full((num_blocks * stride,), fill, dtype=torch.uint8, device=device)
     return raw.as_strided((num_blocks, block_size, width), (stride, width, 1))
 
 
@@ -168,7 +169,7 @@ def _indexer_candidate_writes(lens, num_prefill, pad, width, g):
 @pytest.mark.vllm
 @pytest.mark.parametrize("lens,num_prefill,pad", CANDIDATE_BATCHES)
 def test_candidate_rows_follow_the_indexers_padded_layout(lens, num_prefill, pad):
-    pytest.importorskip("vllm")
+    import_or_skip("vllm")
     g = torch.Generator().manual_seed(sum(lens) * 7 + num_prefill)
     width = 16
     source, decode_lens, owner, n, padded = _indexer_candidate_writes(
@@ -201,7 +202,7 @@ def test_candidate_rows_follow_the_indexers_padded_layout(lens, num_prefill, pad
 
 @pytest.mark.vllm
 def test_candidate_row_map_reads_vllms_indexer_metadata():
-    pytest.importorskip("vllm")
+    import_or_skip("vllm")
     from vllm.v1.attention.backends.mla.indexer import (
         DeepSeekV32IndexerDecodeMetadata,
         DeepseekV32IndexerMetadata,
@@ -296,18 +297,10 @@ def _writers_and_gather(impl: str):
         from deepinfer_sm80.ops.kv_cache import dequantize_and_gather_k_cache
 
         return rope_quant_insert, indexer_k_norm_rope_store, dequantize_and_gather_k_cache
-    import importlib
-
-    # Under DEEPINFER_REQUIRE_VLLM=1 (make test) a missing module is a failure, not a skip.
-    load = (
-        importlib.import_module
-        if os.environ.get("DEEPINFER_REQUIRE_VLLM") == "1"
-        else pytest.importorskip
-    )
     ops = "vllm.models.deepseek_v41.common.ops"
-    compress = load(f"{ops}.fused_compress_quant_cache")
-    indexer = load(f"{ops}.indexer_k_store")
-    cache_utils = load(f"{ops}.cache_utils")
+    compress = import_or_skip(f"{ops}.fused_compress_quant_cache")
+    indexer = import_or_skip(f"{ops}.indexer_k_store")
+    cache_utils = import_or_skip(f"{ops}.cache_utils")
     return (
         compress.rope_quant_insert,
         indexer.indexer_k_norm_rope_store,
@@ -320,16 +313,16 @@ def test_mirror_fed_by_relay_decodes_bit_identically(device, impl):
     rope_quant_insert, indexer_k_norm_rope_store, dequantize_and_gather_k_cache = (
         _writers_and_gather(impl)
     )
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(3)  # draws on the CPU, moved: the same values anywhere
     bs, blocks, max_pos = 16, 6, 256
-    src_kv = paged(blocks, bs, 584, pad=8640 + 4)
-    mir_kv = paged(blocks, bs, 584, pad=0)
-    src_ik = paged(blocks, bs, 132, pad=37440)
-    mir_ik = paged(blocks, bs, 132, pad=12)
-    cos_sin = torch.randn(max_pos, 64, generator=g)
-    k_norm = torch.randn(128, generator=g).to(torch.bfloat16)
+    src_kv = paged(blocks, bs, 584, pad=8640 + 4, device=device)
+    mir_kv = paged(blocks, bs, 584, pad=0, device=device)
+    src_ik = paged(blocks, bs, 132, pad=37440, device=device)
+    mir_ik = paged(blocks, bs, 132, pad=12, device=device)
+    cos_sin = torch.randn(max_pos, 64, generator=g).to(device)
+    k_norm = torch.randn(128, generator=g).to(torch.bfloat16).to(device)
     # Two requests with scattered blocks; three steps: prefill chunk, then decodes.
-    table = torch.tensor([[4, 1, 5], [0, 3, 2]], dtype=torch.int32)
+    table = torch.tensor([[4, 1, 5], [0, 3, 2]], dtype=torch.int32, device=device)
     lens = [0, 0]
     for step, new in enumerate([(21, 9), (1, 1), (6, 6)]):
         pos, slots = [], []
@@ -341,23 +334,23 @@ def test_mirror_fed_by_relay_decodes_bit_identically(device, impl):
         slots.insert(3, -1)  # a padded token in the middle
         pos.insert(3, 0)
         t = len(slots)
-        positions = torch.tensor(pos, dtype=torch.int64)
-        slot_t = torch.tensor(slots, dtype=torch.int64)
-        latent = (torch.randn(t, 512, generator=g) * 3).to(torch.bfloat16)
-        k_pre = torch.randn(t, 128, generator=g).to(torch.bfloat16)
+        positions = torch.tensor(pos, dtype=torch.int64, device=device)
+        slot_t = torch.tensor(slots, dtype=torch.int64, device=device)
+        latent = (torch.randn(t, 512, generator=g) * 3).to(torch.bfloat16).to(device)
+        k_pre = torch.randn(t, 128, generator=g).to(torch.bfloat16).to(device)
         rope_quant_insert(latent, positions, cos_sin, src_kv, slot_t, 1)
         indexer_k_norm_rope_store(k_pre, positions, cos_sin, k_norm, 1e-6, src_ik, slot_t, 1, False)
         rows = t + 5  # the runner pads the token count
-        kv_payload = torch.empty(rows, 584, dtype=torch.uint8)
-        ik_payload = torch.empty(rows, 132, dtype=torch.uint8)
+        kv_payload = torch.empty(rows, 584, dtype=torch.uint8, device=device)
+        ik_payload = torch.empty(rows, 132, dtype=torch.uint8, device=device)
         records.pack_records(src_kv, slot_t, kv_payload)
         records.pack_records(src_ik, slot_t, ik_payload)
         records.unpack_records(kv_payload, slot_t, mir_kv)
         records.unpack_records(ik_payload, slot_t, mir_ik)
-        seq_lens = torch.tensor(lens, dtype=torch.int32)
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
         outs = []
         for cache in (src_kv, mir_kv):
-            out = torch.full((2, 48, 512), float("nan"), dtype=torch.bfloat16)
+            out = torch.full((2, 48, 512), float("nan"), dtype=torch.bfloat16, device=device)
             dequantize_and_gather_k_cache(out, cache, seq_lens, None, table, bs, 0)
             outs.append(out)
         for r, n in enumerate(lens):
@@ -394,22 +387,11 @@ def test_relay_plan_for_the_shipped_topologies():
         assert all(not items for items in mt.relay_plan(legal).values()), legal
 
 
-def test_planner_reports_the_relay_bytes_per_cut():
-    from deepinfer_sm80.deploy import planner
-    from deepinfer_sm80.deploy.topology import load
-
-    p = planner.plan(load("tp2-pp3")[0])
-    assert p.relay_bytes_per_token == {14: 0, 28: 8908}
-    assert "layer 28: 40,976 B + relay 8,908 B" in planner.format_plan(p)
-    assert planner.plan(load("pp6")[0]).relay_bytes_per_token[21] == 584 + 132 + 8192 + 2048
-    assert planner.plan(load("tp8")[0]).relay_bytes_per_token == {}
-
-
 @pytest.mark.vllm
 def test_ledger_entry_swaps_only_the_model_class():
     import inspect
 
-    pytest.importorskip("vllm")
+    import_or_skip("vllm")
     from deepinfer_sm80.vllm_plugin import apply, ledger
     from deepinfer_sm80.vllm_plugin.pp_relay import relay
 
@@ -501,7 +483,10 @@ def _write_tiny_model(path: Path) -> None:
 
 def _run_child(mode: str, tmp_path: Path, env_extra=None, timeout=500) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", **(env_extra or {}))
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "overlay"), env.get("PYTHONPATH", "")])
+    # The child runs this file as a script: the repo root (tools/) and the overlay on its path.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "overlay"), str(ROOT), env.get("PYTHONPATH", "")]
+    )
     out = tmp_path / f"{mode}.json"
     proc = subprocess.run(
         [PY, __file__, mode, str(tmp_path), str(out)],
@@ -516,7 +501,7 @@ def _run_child(mode: str, tmp_path: Path, env_extra=None, timeout=500) -> dict:
 
 @pytest.mark.vllm
 def test_stage3_of_14_14_12_raises_without_the_relay_and_builds_with_it(tmp_path):
-    pytest.importorskip("vllm")
+    import_or_skip("vllm")
     _write_tiny_model(tmp_path / "tiny")
     got = _run_child("construct", tmp_path, {"DEEPINFER_PP_RELAY": "1"})
     # Stock vLLM 0.33.0 (and ours with the relay off): layer 28 finds no layer-20 cache.
@@ -879,7 +864,7 @@ def _kv_planning(stage_configs, config, pp) -> dict:
 
 @pytest.mark.vllm
 def test_payload_crosses_two_ranks_over_gloo_with_vllms_pp_send_recv(tmp_path):
-    pytest.importorskip("vllm")
+    import_or_skip("vllm")
     got = _run_child("gloo", tmp_path)
     assert got == {
         "received_keys": [

@@ -4,8 +4,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from tools.tiers import import_or_skip
+
 pytestmark = pytest.mark.vllm
-pytest.importorskip("vllm")
+import_or_skip("vllm")
 
 
 def _runner(max_tokens=8192):

@@ -37,6 +37,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tools.tiers import import_or_skip
+
 from .test_attention import (
     MLA_PREFIX,
     PREFILLS,
@@ -50,14 +52,14 @@ from .test_attention import (
 )
 
 pytestmark = pytest.mark.vllm
-vllm = pytest.importorskip("vllm")
+vllm = import_or_skip("vllm")
 
 from vllm.config import DeviceConfig, VllmConfig  # noqa: E402
 from vllm.forward_context import create_forward_context, override_forward_context  # noqa: E402
 
-from deepinfer_sm80.testing.poison import nan_empty  # noqa: E402
 from deepinfer_sm80.vllm_plugin import attention as ampere  # noqa: E402
 from deepinfer_sm80.vllm_plugin import yoco  # noqa: E402
+from tools.poison import nan_empty  # noqa: E402
 
 LAYERS = (20, 21, 22, 23, 24, 25)
 INDEX_SOURCES = (20, 24)
@@ -430,9 +432,12 @@ def test_prefill_plan_shared_across_ratios_only_within_a_ratio(
 
 @pytest.mark.usefixtures("workspace_manager")
 def test_prefill_real_kernel_bit_identical(monkeypatch):
-    """The real prefill kernels (2 heads, to stay quick): index source + consumer."""
+    """The real prefill kernels (2 heads, to stay quick): index source + consumer. All three
+    prefills (15 tokens): the relative-norm half of the budget is a statistic, and over the
+    first two alone (12 tokens x 2 heads) it swung to 1.44x PyTorch-bf16's with every
+    token's error at bf16 rounding level."""
     s = Shapes(heads=2)
-    b = make_batch(s, 1, (), PREFILLS[:2], seed=22, device="cpu", chunk_size=4)
+    b = make_batch(s, 1, (), PREFILLS, seed=22, device="cpu", chunk_size=4)
     outs = {}
     for on in (True, False):
         monkeypatch.setenv(yoco.ENV_VAR, "1" if on else "0")

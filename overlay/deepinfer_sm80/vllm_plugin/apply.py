@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from deepinfer_sm80 import envs
 from deepinfer_sm80.vllm_plugin.ledger import LEDGER, VERIFIED_VLLM, LedgerEntry, format_ledger
 
 logger = logging.getLogger("deepinfer_sm80")
@@ -114,7 +115,7 @@ def _override_kernel(module, attr: str, replacement) -> None:
 
 
 def selected_entries(env: Mapping[str, str]) -> tuple[list[LedgerEntry], dict[str, str]]:
-    wanted = env.get("DEEPINFER_PATCHES", "").strip()
+    wanted = envs.get("DEEPINFER_PATCHES", env, "").strip()
     if not wanted:
         return list(LEDGER), {}
     names = {n.strip() for n in wanted.split(",") if n.strip()}
@@ -131,11 +132,11 @@ def selected_entries(env: Mapping[str, str]) -> tuple[list[LedgerEntry], dict[st
 def activate(env: Mapping[str, str], capabilities: list[tuple[int, int]] | None = None) -> dict:
     """Decide, patch, log one table and write the status file. Returns the status."""
     statuses: dict[str, str] = {}
-    if env.get("DEEPINFER_DISABLE") == "1":
+    if envs.flag("DEEPINFER_DISABLE", env):
         return _finish(
             env, False, "DEEPINFER_DISABLE=1", {e.name: "skipped: disabled" for e in LEDGER}
         )
-    forced = env.get("DEEPINFER_FORCE") == "1"
+    forced = envs.flag("DEEPINFER_FORCE", env)
     caps = nvml_capabilities() if capabilities is None else capabilities
     ampere = bool(caps) and all(major == 8 for major, _ in caps)
     if not (ampere or forced):
@@ -144,7 +145,7 @@ def activate(env: Mapping[str, str], capabilities: list[tuple[int, int]] | None 
     import vllm
 
     version = vllm.__version__
-    if not version.startswith(VERIFIED_VLLM) and env.get("DEEPINFER_ALLOW_VLLM_VERSION") != "1":
+    if not version.startswith(VERIFIED_VLLM) and not envs.flag("DEEPINFER_ALLOW_VLLM_VERSION", env):
         raise PluginError(
             f"vLLM {version} is installed; the patch ledger was verified on vLLM {VERIFIED_VLLM}. "
             f"Install vllm=={VERIFIED_VLLM}, or set DEEPINFER_ALLOW_VLLM_VERSION=1 to try anyway"
@@ -176,7 +177,7 @@ def seed_aot_kernels(env: Mapping[str, str]) -> int:
     A missing or unreadable AOT folder costs nothing but JIT compiles; it never stops
     the server, so problems are logged, not raised.
     """
-    src = env.get("DEEPINFER_AOT_DIR")
+    src = envs.get("DEEPINFER_AOT_DIR", env)
     if not src:
         return 0
     from deepinfer_sm80 import aot
@@ -206,7 +207,9 @@ def _finish(env: Mapping[str, str], active: bool, reason: str, statuses: dict[st
         reason,
         format_ledger(statuses),
     )
-    run_dir = Path(env.get("DEEPINFER_RUNTIME_DIR") or Path(tempfile.gettempdir()) / "deepinfer")
+    run_dir = Path(
+        envs.get("DEEPINFER_RUNTIME_DIR", env) or Path(tempfile.gettempdir()) / "deepinfer"
+    )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "plugin-status.json").write_text(json.dumps(status, indent=1) + "\n")

@@ -44,7 +44,6 @@ this layer.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -63,6 +62,7 @@ from vllm.utils.math_utils import round_up
 from vllm.v1.attention.backends.mla import sparse_swa as _sparse_swa
 from vllm.v1.worker.workspace import current_workspace_manager
 
+from deepinfer_sm80 import envs
 from deepinfer_sm80.ops.kv_cache import dequantize_and_gather_k_cache
 from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
 from deepinfer_sm80.ops.topk_swa import (
@@ -396,7 +396,7 @@ _vllm_select_dsv4_attn_cls = _v41_model._select_dsv4_attn_cls
 def _on_sm8x() -> bool:
     """SM8x, or forced: DEEPINFER_FORCE=1 exercises the Ampere layer on other GPUs (an
     H200 stands in for Ampere in our GPU tests)."""
-    if os.environ.get("DEEPINFER_FORCE") == "1":
+    if envs.flag("DEEPINFER_FORCE"):
         return True
     capability = _v41_model.current_platform.get_device_capability()
     return capability is not None and capability.major == 8

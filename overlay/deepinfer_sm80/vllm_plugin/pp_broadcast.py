@@ -13,8 +13,8 @@ variant per *specialization*: 16-byte alignment of every pointer, integers equal
 
 A variant first met while serving compiles, and loading its CUDA module waits behind
 NCCL kernels still spinning on the side stream: the hang reported upstream for DSpark
-with PP (vLLM #53577 and #56956, and #53402 on an SM86 fork; shared/docs/
-pp-relay-design.md §8.6, patch P6). The plugin closes the variant set and compiles it
+with PP (vLLM #53577 and #56956, and #53402 on an SM86 fork). The plugin closes the
+variant set and compiles it
 before serving:
 
 - ``SteadyPPHandler`` (ledger entry ``pp-broadcast-steady``) is vLLM's ``PPHandler``

@@ -11,11 +11,12 @@ Then vLLM's warmup runs unchanged.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
 from vllm.v1.worker.gpu.warmup import warmup_kernels as _vllm_warmup_kernels
+
+from deepinfer_sm80 import envs
 
 logger = logging.getLogger("deepinfer_sm80.warmup")
 
@@ -37,7 +38,7 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
     from deepinfer_sm80.ops.mhc.warmup import prepare_mhc_kernels
 
     max_tokens = int(model_runner.scheduler_config.max_num_batched_tokens)
-    aot = os.environ.get("DEEPINFER_AOT_DIR")
+    aot = envs.get("DEEPINFER_AOT_DIR")
     aot_mhc = Path(aot) / "mhc" if aot else None
     start = time.perf_counter()
     records = prepare_mhc_kernels(

@@ -56,11 +56,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 from vllm.forward_context import get_forward_context, is_forward_context_available
+
+from deepinfer_sm80 import envs
 
 T = TypeVar("T")
 
@@ -74,7 +75,7 @@ PREFILL_INDICES = "prefill_indices"
 def enabled() -> bool:
     """The switch (read at every call, so an A/B needs no restart of Python):
     ``DEEPINFER_YOCO=0`` turns reuse off; anything else, or unset, leaves it on."""
-    return os.environ.get(ENV_VAR, "1").strip() != "0"
+    return envs.flag(ENV_VAR)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -217,8 +217,8 @@ def candidate_rows(
     decode_lens: torch.Tensor | None,
     padded: bool,
 ) -> torch.Tensor | None:
-    """Where each token's candidate row sits in the buffer once the source indexer ran
-    (design §5): the consumer view that ``pack_rows``/``unpack_rows`` take as a row map.
+    """Where each token's candidate row sits in the buffer once the source indexer ran:
+    the consumer view that ``pack_rows``/``unpack_rows`` take as a row map.
 
     vLLM 0.33.0's indexer writes prefill rows token-absolute (``token_start:token_end``)
     and then decode rows ``[0, B * Lmax)`` in its *padded* layout whenever decode

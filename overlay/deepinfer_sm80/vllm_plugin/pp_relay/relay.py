@@ -11,7 +11,7 @@ pipeline cut falls inside a sharing group:
   cover them);
 - ``forward``: a receiving stage installs the records at entry (scatter into the
   mirror at this step's slots; candidate and Top-K rows into its buffers), and a
-  sending stage appends them after the original forward (gathered from the real cache
+  sending stage appends them after vLLM's own forward (gathered from the real cache
   or from its own mirror: multi-hop forwarding is the same code).
 
 Inert (exactly vLLM's class) at PP=1, for cuts that cross nothing, and while the relay
@@ -201,7 +201,7 @@ class PipelineRelayDeepseekV4Model(v41.DeepseekV4Model):
         return self.topk_indices_buffer
 
     def _row_map(self, item, attn_metadata, rows: int):
-        """Candidate rows travel in the consumer view (design §5); Top-K rows are
+        """Candidate rows travel in the consumer view; Top-K rows are
         token-indexed once the indexer has unpacked them, so rows ``[0, n)`` are exact."""
         if item.kind != "candidates":
             return None

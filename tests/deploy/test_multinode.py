@@ -132,3 +132,12 @@ def test_worker_health_finds_vllm_processes(tmp_path):
     (tmp_path / "11" / "cmdline").write_bytes(b"bash\0")
     with pytest.raises(health.HealthError, match="no `vllm serve`"):
         health.check_worker(str(tmp_path))
+
+
+def test_config_hash_ignores_the_listen_address():
+    """Only node 0 serves HTTP; a worker whose env file binds elsewhere (or not at all)
+    still runs the same server."""
+    topo = _topo("tp4-pp2-2nodes")
+    h0 = render(topo, NodeSettings(0, "10.0.0.1", listen_host="0.0.0.0")).config_hash()
+    h1 = render(topo, NodeSettings(1, "10.0.0.1")).config_hash()
+    assert h0 == h1

@@ -1,6 +1,7 @@
 """deepinfer plan: per-stage weights, KV bytes per token, the tightest-stage pool."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,42 @@ def test_component_breakdown_adds_up():
     p = planner.plan(load("tp8")[0])
     assert p.components_gib["embedding (BF16)"] == pytest.approx(129280 * 5120 * 2 / GIB)
     assert "weights by component" in planner.format_plan(p)
+
+
+def test_min_utilization_is_where_the_context_starts_to_fit():
+    topo = load("tp2-pp3")[0]
+    need = planner.min_utilization(topo)
+    assert 0.78 < need < topo.gpu_memory_utilization
+    below = topo.model_copy(update={"gpu_memory_utilization": need - 0.005})
+    above = topo.model_copy(update={"gpu_memory_utilization": need + 0.005})
+    assert not planner.plan(below).fits and planner.plan(above).fits
+
+
+def test_oom_warning_and_shipped_utilization_tell_the_same_story(monkeypatch):
+    """The shipped 64 GB layouts need more than the DSpark-safe 0.78 to fit: the warning
+    says both bounds instead of advising a value at which nothing fits."""
+    monkeypatch.setenv("DEEPINFER_PP_RELAY", "1")
+    v = validate(*load("tp2-pp3"))
+    (warning,) = [w for w in v.warnings if "first request" in w]
+    assert "needs at least 0.88 to hold max_model_len 1,048,576" in warning
+    assert "both cannot hold" in warning and "speculative.method: none" in warning
+    tp8 = load("tp8")[0].model_copy(update={"gpu_memory_utilization": 0.9})
+    (warning,) = [w for w in validate(tp8, Path("tp8.yaml")).warnings if "first request" in w]
+    assert "this layout fits from 0.56: use 0.78 or less" in warning
+
+
+def test_gap_to_the_original_is_explained_term_by_term():
+    p = planner.plan(load("tp2-pp3")[0])
+    (note,) = [n for n in p.notes if "4,648,480" in n]
+    assert "(ratio 0.786)" in note and "4.65 GiB of KV against 3.66 GiB here" in note
+    assert "0.99 GiB apart" in note and "3 GiB for CUDA graphs" in note
+
+
+def test_planner_reports_the_relay_bytes_per_cut():
+    """Per pipeline cut, the bytes per token the layer-source relay sends across it
+    (model_topology.relay_bytes_per_token), as the plan reports them."""
+    p = planner.plan(load("tp2-pp3")[0])
+    assert p.relay_bytes_per_token == {14: 0, 28: 8908}
+    assert "layer 28: 40,976 B + relay 8,908 B" in planner.format_plan(p)
+    assert planner.plan(load("pp6")[0]).relay_bytes_per_token[21] == 584 + 132 + 8192 + 2048
+    assert planner.plan(load("tp8")[0]).relay_bytes_per_token == {}

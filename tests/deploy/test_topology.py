@@ -1,15 +1,18 @@
 """deploy/: topology files, the pipeline-cut rule, refusals and golden launch renders."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from deepinfer_sm80 import model_topology as mt
 from deepinfer_sm80.deploy import cli
+from deepinfer_sm80.deploy.config_files import CONFIG_DIR
 from deepinfer_sm80.deploy.launcher import render
 from deepinfer_sm80.deploy.schema import Topology
-from deepinfer_sm80.deploy.topology import CONFIG_DIR, ConfigError, load, validate
+from deepinfer_sm80.deploy.topology import ConfigError, load, validate
+from tools.tiers import import_or_skip
 
 SHIPPED = ["tp2-pp3", "pp6", "tp2-tp4", "tp4-pp2", "tp8"]
 
@@ -192,7 +195,7 @@ ERROR_CASES = [
     ("wrong-type", BASE.replace("count: 8", "count: eight"), "gpus.count:"),
     ("out-of-range", BASE + "gpu_memory_utilization: 1.5\n", "gpu_memory_utilization:"),
     ("bad-literal", BASE + "kv_cache_dtype: bf16\n", "kv_cache_dtype:"),
-    ("context-too-long", BASE + "max_model_len: 2000000\n", "max_model_len:"),
+    ("context-absurd", BASE + "max_model_len: 20000000000\n", "max_model_len:"),
     ("bad-port", BASE + "port: 70000\n", "port:"),
     ("bad-spec-method", BASE + "speculative: {method: eagle}\n", "speculative.method:"),
 ]
@@ -255,7 +258,7 @@ def test_validation_errors_name_field_and_fix(tmp_path, case, text, message):
 
 
 def test_unknown_topology_name_lists_the_shipped_ones():
-    shipped = "pp6, tp2-pp3, tp2-pp3-x2, tp2-tp4, tp4-pp2, tp4-pp2-2nodes, tp8"
+    shipped = "pp6, smoke, tp2-pp3, tp2-pp3-x2, tp2-tp4, tp4-pp2, tp4-pp2-2nodes, tp8"
     with pytest.raises(ConfigError, match=f"shipped ones: {shipped}"):
         load("tp3")
 
@@ -321,8 +324,8 @@ def test_rendered_flags_exist_in_vllm():
     """Every flag we render is an argument of vLLM 0.33.0's `vllm serve`."""
     import dataclasses
 
-    vllm_args = pytest.importorskip("vllm.engine.arg_utils")
-    frontend = pytest.importorskip("vllm.entrypoints.common.cli_args")
+    vllm_args = import_or_skip("vllm.engine.arg_utils")
+    frontend = import_or_skip("vllm.entrypoints.common.cli_args")
     fields = {f.name for f in dataclasses.fields(vllm_args.AsyncEngineArgs)}
     fields |= {f.name for f in dataclasses.fields(frontend.FrontendArgs)}
     # `--headless` is a `vllm serve` switch added by the CLI, not an engine/frontend field.
@@ -363,3 +366,64 @@ def test_makefile_reads_every_shipped_gpu_count():
         assert m, f"{path.name}: write `gpus: {{count: N, ...}}` on one line (Makefile reads it)"
         topo, _ = load(str(path))
         assert int(m.group(1)) == topo.gpus.count, path.name
+
+
+def test_listen_host_is_the_container_side_bind_and_leaves_the_topology_alone():
+    """In a container vLLM must listen on the container's interface, where docker's
+    published port arrives; the topology's host (loopback) still applies elsewhere."""
+    from deepinfer_sm80.deploy.launcher import NodeSettings
+
+    topo = load("tp8")[0]
+    plain = render(topo)
+    assert plain.argv[plain.argv.index("--host") + 1] == "127.0.0.1"
+    inside = render(topo, NodeSettings(listen_host="0.0.0.0"))
+    assert inside.argv[inside.argv.index("--host") + 1] == "0.0.0.0"
+    why = dict(inside.decisions)["--host 0.0.0.0"]
+    assert why.endswith("in place of the topology's 127.0.0.1")
+    assert [a for a in inside.argv if a != "0.0.0.0"] == [a for a in plain.argv if a != "127.0.0.1"]
+
+
+def test_cli_listen_host_from_the_environment(capsys, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_LISTEN_HOST", "0.0.0.0")
+    monkeypatch.setenv("DEEPINFER_PUBLISHED_HOST", "127.0.0.1")  # as compose.yaml sets it
+    assert cli.main(["launch", "tp8", "--dry-run"]) == 0
+    assert " --host 0.0.0.0 " in capsys.readouterr().out
+    assert cli.main(["launch", "tp8", "--dry-run", "--listen-host", "127.0.0.1"]) == 0
+    assert " --host 127.0.0.1 " in capsys.readouterr().out
+
+
+def test_launch_check_runs_everything_but_starts_nothing(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "preflight", lambda topo: [])
+    monkeypatch.setattr(cli.shutil, "which", lambda name: "/opt/venv/bin/vllm")
+    monkeypatch.setattr(cli.os, "execve", lambda *a: pytest.fail("--check exec'd vLLM"))
+    monkeypatch.setattr(cli, "_write_runtime_file", lambda *a: pytest.fail("--check wrote"))
+    assert cli.main(["launch", "tp8", "--check"]) == 0
+    assert "checked: the launch would start vllm serve" in capsys.readouterr().err
+    monkeypatch.delenv(mt.RELAY_OPT_IN_ENV, raising=False)
+    assert cli.main(["launch", "tp2-pp3", "--check"]) == 2
+    assert "refused before launch" in capsys.readouterr().err
+    from deepinfer_sm80.deploy import doctor
+
+    monkeypatch.setattr(cli, "preflight", lambda topo: [doctor.Check("gpus", False, "none")])
+    assert cli.main(["launch", "tp8", "--check"]) == 3
+
+
+def test_make_smoke_writes_serves_and_checks_the_smoke_checkpoint():
+    """`make smoke` (dry run): the checkpoint is written once in the container, the smoke
+    topology is brought up on its one GPU, and the host checks readiness without
+    expecting a known answer from random weights."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        ["make", "-n", "--no-print-directory", "smoke"],
+        cwd=root, capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k not in ("TOPOLOGY", "GPU_COUNT")},
+    ).stdout  # fmt: skip
+    assert "TOPOLOGY=smoke GPU_COUNT=1 docker compose run --rm --no-deps" in out
+    assert "deepinfer smoke-model /home/deepinfer/.cache/huggingface/deepinfer-smoke-v41" in out
+    topo, _ = load("smoke")
+    assert topo.model == "/home/deepinfer/.cache/huggingface/deepinfer-smoke-v41"
+    assert "up TOPOLOGY=smoke" in out
+    assert "health --ready --no-known-answer --service deepinfer" in out
+    assert f"--served-model-name {topo.served_model_name}" in out

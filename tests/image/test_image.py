@@ -13,7 +13,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import docker
 import pytest
+
+from deepinfer_sm80.deploy import cli, container
 
 pytestmark = pytest.mark.image
 
@@ -44,15 +47,28 @@ def _in_service(script: str, env=None):
 
 @pytest.fixture(scope="module", autouse=True)
 def engine_and_image():
+    """The Docker SDK client; compose itself runs through the `docker compose` CLI."""
     if shutil.which("docker") is None:
-        pytest.fail("docker CLI not found: the image tier needs a Docker engine")
-    info = _run(["docker", "info", "--format", "{{.ServerVersion}}"])
-    if info.returncode != 0:
-        pytest.fail(f"no Docker engine answers: {info.stderr.strip()}")
-    if _run(["docker", "image", "inspect", IMAGE]).returncode != 0:
+        pytest.fail("docker CLI not found: the image tier needs a Docker engine and compose")
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        pytest.fail(f"no Docker engine answers: {exc}")
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
         pytest.fail(f"image {IMAGE} not built: run `make image`")
-    yield
+    yield client
     _run([*COMPOSE, "down", "--volumes", "--remove-orphans"])
+
+
+def _service_container(client, service: str = "deepinfer"):
+    """The compose service's container, found by its compose labels."""
+    ref = container.ContainerRef(project=PROJECT, service=service)
+    found = container.find(client, ref)
+    assert found is not None, f"no container for {ref.describe()}"
+    return found
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
@@ -207,15 +223,50 @@ def test_launcher_renders_or_refuses_in_the_image():
         ("tp2-pp3", "1", 3, "preflight gpus"),
     ],
 )
-def test_service_without_gpus_exits_with_a_clear_message(topology, relay, code, message):
+def test_service_without_gpus_exits_with_a_clear_message(
+    engine_and_image, topology, relay, code, message, capsys
+):
+    """A refusal ends in the one-shot deepinfer-check, with its code and message; the
+    server's container is never started, so nothing restarts it."""
     env = {"TOPOLOGY": topology, "GPU_COUNT": "1", "DEEPINFER_PP_RELAY": relay}
-    up = _run([*COMPOSE, "up", "--no-build", "--abort-on-container-exit",
-               "--exit-code-from", "deepinfer"], env=env, timeout=300)  # fmt: skip
-    logs = up.stdout + up.stderr
-    assert up.returncode == code, logs
+    up = _run([*COMPOSE, "up", "-d", "--no-build", "deepinfer"], env=env, timeout=300)
+    assert up.returncode != 0, "compose started the server despite the refusal"
+    # The check's container as the engine saw it (SDK, not CLI text): how it ended, that
+    # it did not restart, who ran it, what was mounted how.
+    check = _service_container(engine_and_image, "deepinfer-check")
+    state = check.attrs["State"]
+    assert (state["Status"], state["ExitCode"], check.attrs["RestartCount"]) == ("exited", code, 0)
+    assert check.attrs["Config"]["User"] == "deepinfer", "the server must not run as root"
+    mounts = {m["Destination"]: m for m in check.attrs["Mounts"]}
+    assert mounts["/opt/deepinfer/overlay"]["RW"] is False
+    assert mounts["/opt/deepinfer/configs"]["RW"] is False
+    logs = check.logs().decode(errors="replace")
     assert message in logs
     assert "Traceback" not in logs
+    server = container.find(engine_and_image, container.ContainerRef(PROJECT, "deepinfer"))
+    assert server is None or server.attrs["State"]["Status"] == "created", server.attrs["State"]
+    # `deepinfer health` from the host says the same at once, with the container's last lines.
+    argv = ["health", "--ready", "--service", "deepinfer-check", "--project", PROJECT,
+            "--wait", "60"]  # fmt: skip
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"unhealthy: container: container {check.name} has exited with exit code {code}; its "
+        "last log lines:\n"
+    ), err
+    assert message in err and "Traceback" not in err
     _run([*COMPOSE, "down", "--volumes"], env=env)
+
+
+def test_refusal_and_crash_restart_policies():
+    out = _run(["docker", "compose", "-f", "compose.yaml", "--profile", "router", "config",
+                "--format", "json"], check=True)  # fmt: skip
+    services = json.loads(out.stdout)["services"]
+    for check, server in (("deepinfer-check", "deepinfer"), ("router-check", "router")):
+        assert services[check]["restart"] == "no"
+        assert services[server]["restart"] == "unless-stopped"
+        dep = services[server]["depends_on"][check]
+        assert dep["condition"] == "service_completed_successfully"
 
 
 def test_healthcheck_fails_cleanly_without_a_server():

@@ -19,6 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepinfer_sm80 import envs
 from deepinfer_sm80.deploy import weights
 
 MIN_DRIVER = (580, 65, 6)
@@ -33,6 +34,11 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    # Not run, for the reason in ``detail`` (another check's failure already says why).
+    skipped: bool = False
+
+
+NVIDIA_SMI_TIMEOUT_S = 10  # it answers in well under a second on a healthy host
 
 
 def _nvidia_smi(run=subprocess.run) -> list[dict] | str:
@@ -40,17 +46,34 @@ def _nvidia_smi(run=subprocess.run) -> list[dict] | str:
         out = run(
             ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version",
              "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=False,
+            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False,
+            errors="replace",
         )  # fmt: skip
-    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:
+        return (
+            f"nvidia-smi did not answer within {NVIDIA_SMI_TIMEOUT_S} s (a hung driver or "
+            "GPU: check `dmesg` and the driver)"
+        )
+    except OSError as exc:
         return f"nvidia-smi not usable ({exc.__class__.__name__})"
     if out.returncode != 0:
-        return f"nvidia-smi failed: {out.stderr.strip() or out.stdout.strip()}"
+        return f"nvidia-smi failed: {(out.stderr.strip() or out.stdout.strip())[:300]}"
     gpus = []
     for line in out.stdout.strip().splitlines():
-        name, cap, mem, drv = (x.strip() for x in line.split(","))
-        gpus.append({"name": name, "capability": cap, "memory_mib": int(float(mem)), "driver": drv})
+        fields = [x.strip() for x in line.split(",")]
+        if len(fields) != 4:
+            return f"nvidia-smi printed an unexpected line: {line[:120]!r}"
+        name, cap, mem, drv = fields
+        try:
+            memory_mib = int(float(mem))
+        except (ValueError, OverflowError):  # "[N/A]" on some virtualized or MIG setups
+            memory_mib = None
+        gpus.append({"name": name, "capability": cap, "memory_mib": memory_mib, "driver": drv})
     return gpus
+
+
+def _memory(g: dict) -> str:
+    return "memory unknown" if g["memory_mib"] is None else f"{g['memory_mib'] // 1024} GiB"
 
 
 def check_gpus(gpus: list[dict] | str, needed: int | None = None) -> list[Check]:
@@ -65,8 +88,7 @@ def check_gpus(gpus: list[dict] | str, needed: int | None = None) -> list[Check]
             )
         ]
     names = ", ".join(
-        f"{g['name']} (sm{g['capability'].replace('.', '')}, {g['memory_mib'] // 1024} GiB)"
-        for g in gpus
+        f"{g['name']} (sm{g['capability'].replace('.', '')}, {_memory(g)})" for g in gpus
     )
     checks = [
         Check(
@@ -170,7 +192,7 @@ def default_status_file() -> Path:
     """Where the plugin writes its status (vllm_plugin/apply.py uses the same rule)."""
     import tempfile
 
-    run_dir = os.environ.get("DEEPINFER_RUNTIME_DIR") or Path(tempfile.gettempdir()) / "deepinfer"
+    run_dir = envs.get("DEEPINFER_RUNTIME_DIR") or Path(tempfile.gettempdir()) / "deepinfer"
     return Path(run_dir) / "plugin-status.json"
 
 
@@ -187,8 +209,18 @@ def check_patches(status_file: Path | None = None) -> Check:
             "start the server (the plugin writes it); `deepinfer doctor --patches` "
             "shows the ledger",
         )
-    status = json.loads(status_file.read_text())
-    applied = [n for n, s in status.get("patches", {}).items() if s.startswith("applied")]
+    try:
+        status = json.loads(status_file.read_text(errors="replace"))
+        if not isinstance(status, dict) or not isinstance(status.get("patches", {}), dict):
+            raise ValueError("not an object with a patches mapping")
+    except (OSError, ValueError) as exc:
+        return Check(
+            "patches",
+            False,
+            f"plugin status {status_file} is unreadable ({str(exc)[:120]})",
+            "delete it and restart the server (the plugin rewrites it at start)",
+        )
+    applied = [n for n, s in status.get("patches", {}).items() if str(s).startswith("applied")]
     detail = (
         f"plugin {'active' if status.get('active') else 'inactive'} "
         f"({status.get('reason')}); applied: {', '.join(applied) or 'none'}"

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from deepinfer_sm80 import model_topology
+from deepinfer_sm80.deploy import exposure
 from deepinfer_sm80.deploy.schema import Topology
 from deepinfer_sm80.deploy.topology import DECODE_SPLITS_ENV
 
@@ -20,7 +21,9 @@ ENGINE_READY_TIMEOUT_S = 3600  # loading ~475 GiB of weights takes long (vLLM re
 
 # Settings that legitimately differ between the nodes of one server: excluded from the
 # configuration hash, which must otherwise be identical on every node.
-PER_NODE_FLAGS = ("--node-rank", "--data-parallel-start-rank")
+# The listen address is per node too: only node 0 serves HTTP, and in a container it is
+# the container's side of the published port, not a property of the model's layout.
+PER_NODE_FLAGS = ("--node-rank", "--data-parallel-start-rank", "--host")
 PER_NODE_SWITCHES = ("--headless",)
 PER_NODE_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NODE_RANK")
 
@@ -57,9 +60,16 @@ class NodeSettings:
     rank: int = 0
     master_addr: str | None = None
     host_ip: str | None = None
+    # Where the API server listens here, in place of the topology's ``host``. In a
+    # container it is the container's side of the published port (0.0.0.0: docker's
+    # port mapping arrives on the container's own interface, not on its loopback);
+    # which host address the port is published on is compose's ``ports:``.
+    listen_host: str | None = None
 
 
 def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
+    node = node or NodeSettings()
+    host = node.listen_host or topo.host
     par = topo.parallel
     tp = par.tensor_parallel
     if isinstance(tp, list):
@@ -73,7 +83,7 @@ def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
         "--served-model-name",
         topo.served_model_name,
         "--host",
-        topo.host,
+        host,
         "--port",
         str(topo.port),
         "--tensor-parallel-size",
@@ -175,10 +185,18 @@ def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
             "weight loading outlasts vLLM's default engine start timeout",
         )
     )
-    if topo.host not in ("127.0.0.1", "localhost", "::1"):
+    if node.listen_host:
         decisions.append(
             (
-                f"--host {topo.host}",
+                f"--host {host}",
+                "the listen address given for this node (DEEPINFER_LISTEN_HOST or "
+                f"--listen-host) in place of the topology's {topo.host}",
+            )
+        )
+    elif not exposure.is_loopback(host):
+        decisions.append(
+            (
+                f"--host {host}",
                 "listening beyond loopback as configured; set VLLM_API_KEY to require a key",
             )
         )
@@ -194,7 +212,7 @@ def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
         )
     env.update(topo.env)
     argv += topo.extra_vllm_args
-    _render_nodes(topo, node or NodeSettings(), argv, env, decisions)
+    _render_nodes(topo, node, argv, env, decisions)
     return LaunchPlan(argv, env, decisions)
 
 

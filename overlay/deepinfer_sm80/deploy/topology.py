@@ -7,14 +7,15 @@ capacity analysis (``plan_only``), and ``warnings``.
 
 from __future__ import annotations
 
-import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
 from deepinfer_sm80 import model_topology
+from deepinfer_sm80.deploy import overrides, safe_yaml
+from deepinfer_sm80.deploy.config_files import TOPOLOGY_DIR, ConfigError, model_facts, shown
 from deepinfer_sm80.deploy.schema import Topology
 
 NUM_HEADS = 64  # attention heads (HF config num_attention_heads)
@@ -26,17 +27,6 @@ MOE_INTERMEDIATE = 2304  # moe_intermediate_size
 MARLIN_TILE = 128  # Marlin's MoE tile along the intermediate dimension
 MAX_SPEC_TOKENS_AMPERE = 5  # DSpark blocks beyond 5 exceed Ampere shared memory
 OOM_PRONE_UTILIZATION = 0.78  # above this, DSpark's first-request allocation OOMs
-
-# configs/ sits beside overlay/ in the repository and in the image (/opt/deepinfer);
-# DEEPINFER_CONFIG_DIR points elsewhere.
-CONFIG_DIR = Path(
-    os.environ.get("DEEPINFER_CONFIG_DIR", Path(__file__).resolve().parents[3] / "configs")
-)
-TOPOLOGY_DIR = CONFIG_DIR / "topologies"
-
-
-class ConfigError(Exception):
-    """A topology file that cannot be used; the message is meant for the user as-is."""
 
 
 @dataclass
@@ -64,23 +54,41 @@ def resolve_path(name_or_path: str) -> Path:
     raise ConfigError(f"no topology named {name_or_path!r}; shipped ones: {known}")
 
 
+_UNION_TAG = re.compile(r"(constrained-)?int|list\[.*\]")
+
+
 def _where(loc: tuple) -> str:
-    return ".".join(str(x) for x in loc) or "(top level)"
+    # pydantic tags each branch of a union (int | list[int]) in the location; users
+    # wrote the field, not the branch.
+    parts = [str(x) for x in loc if not (isinstance(x, str) and _UNION_TAG.fullmatch(x))]
+    return ".".join(parts) or "(top level)"
+
+
+def _relevant(errors: list[dict]) -> list[dict]:
+    """Of a union's errors, those of the branch the input's type chose."""
+    out, seen = [], set()
+    for err in errors:
+        tags = [x for x in err["loc"] if isinstance(x, str) and _UNION_TAG.fullmatch(x)]
+        if tags:
+            is_list = (
+                isinstance(err.get("input"), list)
+                or len(err["loc"]) > err["loc"].index(tags[-1]) + 1
+            )
+            if is_list != tags[-1].startswith("list"):
+                continue
+        key = (_where(err["loc"]), err["msg"])
+        if key not in seen:
+            seen.add(key)
+            out.append(err)
+    return out or errors[:1]
 
 
 def load(name_or_path: str) -> tuple[Topology, Path]:
     path = resolve_path(name_or_path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the file ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+        data = safe_yaml.load(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}"
@@ -89,7 +97,7 @@ def load(name_or_path: str) -> tuple[Topology, Path]:
         return Topology.model_validate(data), path
     except ValidationError as exc:
         lines = []
-        for err in exc.errors():
+        for err in _relevant(exc.errors()):
             loc = _where(err["loc"])
             if err["type"] == "extra_forbidden":
                 lines.append(
@@ -98,8 +106,26 @@ def load(name_or_path: str) -> tuple[Topology, Path]:
             elif err["type"] == "missing":
                 lines.append(f"{path}: {loc}: required field is missing")
             else:
-                lines.append(f"{path}: {loc}: {err['msg']} (got {err.get('input')!r})")
+                msg = err["msg"].removeprefix("Value error, ")
+                lines.append(f"{path}: {loc}: {msg} (got {shown(err.get('input'))})")
         raise ConfigError("\n".join(lines)) from None
+
+
+def _dspark_oom_warning(topo: Topology, path: Path, needed: float) -> str:
+    """The first-request OOM risk, stated with what this layout needs to fit at all."""
+    u = topo.gpu_memory_utilization
+    head = (
+        f"{path}: gpu_memory_utilization {u:g} > {OOM_PRONE_UTILIZATION} with DSpark: users "
+        "report an OOM at the first request above it (DSpark allocates its buffers then, "
+        "after vLLM sized the KV cache; their size is not measured here)"
+    )
+    if needed <= OOM_PRONE_UTILIZATION:
+        return f"{head}; this layout fits from {needed:.2f}: use {OOM_PRONE_UTILIZATION} or less"
+    return (
+        f"{head}; this layout needs at least {needed:.2f} to hold max_model_len "
+        f"{topo.max_model_len:,} (`deepinfer plan`), so both cannot hold: if the first request "
+        "OOMs, shorten max_model_len, add GPUs or set speculative.method: none"
+    )
 
 
 def validate(
@@ -110,6 +136,20 @@ def validate(
     if capabilities is None:
         capabilities = model_topology.plugin_capabilities()
     v = Validation(topo, path)
+    facts = model_facts()
+    v.errors += overrides.errors(topo, path)
+    if topo.max_model_len > facts["max_position_embeddings"]:
+        v.errors.append(
+            f"{path}: max_model_len: {topo.max_model_len:,} exceeds the model's "
+            f"{facts['max_position_embeddings']:,} positions (max_position_embeddings); "
+            "lower it"
+        )
+    if topo.parallel.pipeline_parallel > facts["num_hidden_layers"]:
+        v.errors.append(
+            f"{path}: parallel.pipeline_parallel: {topo.parallel.pipeline_parallel} stages "
+            f"for {facts['num_hidden_layers']} layers; each stage needs one layer at least"
+        )
+        return v
     if model_topology.RELAY_OPT_IN_ENV in topo.env:
         v.errors.append(
             f"{path}: env.{model_topology.RELAY_OPT_IN_ENV}: the relay opt-in is read by "
@@ -127,11 +167,13 @@ def validate(
             f"{pp} stages; give one per stage or a single number"
         )
         return v
+    heads = facts["num_attention_heads"]
     for tp in tps:
-        if tp < 1 or NUM_HEADS % tp:
+        if tp < 1 or heads % tp:
+            divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
             v.errors.append(
                 f"{path}: parallel.tensor_parallel: {tp} does not divide the "
-                f"{NUM_HEADS} attention heads; use 1, 2, 4, 8, 16, 32 or 64"
+                f"{heads} attention heads; use one of {divisors}"
             )
     if DECODE_SPLITS_ENV in topo.env:
         v.errors.append(
@@ -163,10 +205,8 @@ def validate(
         )
     if pp > 1:
         if par.partition is None:
-            legal = model_topology.legal_partitions(pp, capabilities)
-            # The most even legal split (the fewest layers on the largest stage).
-            best = min(legal, key=lambda p: (max(p), p), default=None)
-            hint = f" e.g. {list(best)}" if best else ""
+            best = model_topology.most_even_partition(pp, capabilities)
+            hint = f" e.g. {list(best)}" if best else " no legal split has that many stages"
             v.errors.append(
                 f"{path}: parallel.partition: required with {pp} pipeline stages "
                 f"(vLLM's even split cuts sharing groups);{hint}"
@@ -197,21 +237,17 @@ def validate(
             "for all stages; this layout is for capacity analysis only"
         )
     spec = topo.speculative
-    if spec.method == "dspark":
-        if spec.num_speculative_tokens > MAX_SPEC_TOKENS_AMPERE:
-            v.errors.append(
-                f"{path}: speculative.num_speculative_tokens: "
-                f"{spec.num_speculative_tokens} > {MAX_SPEC_TOKENS_AMPERE}; larger "
-                "DSpark blocks exceed Ampere shared memory"
-            )
-        if topo.gpu_memory_utilization > OOM_PRONE_UTILIZATION:
-            v.warnings.append(
-                f"{path}: gpu_memory_utilization {topo.gpu_memory_utilization} > "
-                f"{OOM_PRONE_UTILIZATION} with DSpark: users hit an OOM at the "
-                "first request's allocation; lower it if that happens"
-            )
+    if spec.method == "dspark" and spec.num_speculative_tokens > MAX_SPEC_TOKENS_AMPERE:
+        v.errors.append(
+            f"{path}: speculative.num_speculative_tokens: "
+            f"{spec.num_speculative_tokens} > {MAX_SPEC_TOKENS_AMPERE}; larger "
+            "DSpark blocks exceed Ampere shared memory"
+        )
     if not v.errors:
-        from deepinfer_sm80.deploy.planner import plan  # the planner reads this module
+        from deepinfer_sm80.deploy.planner import min_utilization, plan  # reads this module
+
+        if spec.method == "dspark" and topo.gpu_memory_utilization > OOM_PRONE_UTILIZATION:
+            v.warnings.append(_dspark_oom_warning(topo, path, min_utilization(topo)))
 
         p = plan(topo)
         if not p.fits:

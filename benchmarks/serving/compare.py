@@ -1,6 +1,6 @@
 """Result tables: one run's table, and A vs B side by side (``--compare A.json B.json``).
 
-The table has the original's rows (seed-brief "Headline results"): workload, optimized,
+The table has the original's rows (its published headline results): workload, optimized,
 baseline; here the columns are the two result files, labelled with their ``--label`` (or
 their patch selection), and ``A vs B`` is the relative change of A over B, marked ``+`` when A
 is better for that row (higher tok/s, lower time to first token).

@@ -19,6 +19,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
+
+from deepinfer_sm80 import envs
 
 NUM_LAYERS = 40
 KV_SOURCES = (2, 8, 14, 20)
@@ -81,7 +84,7 @@ RELAY_OPT_IN_ENV = "DEEPINFER_PP_RELAY"
 
 def plugin_capabilities(env: Mapping[str, str] = os.environ) -> PluginCapabilities:
     """The capabilities in force here: the defaults, plus the relay when opted in."""
-    opted_in = env.get(RELAY_OPT_IN_ENV) == "1"
+    opted_in = envs.flag(RELAY_OPT_IN_ENV, env)
     return PluginCapabilities(relays_shared_kv=PLUGIN_CAPABILITIES.relays_shared_kv or opted_in)
 
 
@@ -189,6 +192,46 @@ def legal_partitions(stages: int, capabilities: PluginCapabilities = PLUGIN_CAPA
         return [(NUM_LAYERS,)]
     walk(0, stages, [])
     return out
+
+
+def most_even_partition(
+    stages: int, capabilities: PluginCapabilities = PLUGIN_CAPABILITIES
+) -> tuple[int, ...] | None:
+    """The legal partition with the fewest layers on its largest stage (ties: the
+    lexicographically smallest), without listing partitions: their number grows
+    combinatorially with the stages once the relay makes every cut legal. None when no
+    legal partition has ``stages`` stages."""
+    if not 1 <= stages <= NUM_LAYERS:
+        return None
+    starts = set(legal_cut_points(capabilities))
+
+    def fits(largest: int) -> tuple[int, ...] | None:
+        @cache
+        def can(pos: int, left: int) -> bool:  # layers pos.. in `left` stages, each <= largest
+            if left == 1:
+                return NUM_LAYERS - pos <= largest
+            return any(
+                can(c, left - 1)
+                for c in range(pos + 1, min(pos + largest, NUM_LAYERS) + 1)
+                if c in starts
+            )
+
+        if not can(0, stages):
+            return None
+        out, pos = [], 0
+        for left in range(stages, 1, -1):  # greedy: the smallest stage that still fits
+            nxt = next(
+                c for c in range(pos + 1, pos + largest + 1) if c in starts and can(c, left - 1)
+            )
+            out.append(nxt - pos)
+            pos = nxt
+        return (*out, NUM_LAYERS - pos)
+
+    for largest in range(-(-NUM_LAYERS // stages), NUM_LAYERS + 1):
+        best = fits(largest)
+        if best is not None:
+            return best
+    return None
 
 
 @dataclass(frozen=True)

@@ -66,12 +66,16 @@ def test_failed_check_is_not_timed_and_reports_no_speedup(tmp_path):
 
 
 def test_speedup_bandwidth_and_gates(tmp_path):
-    # 1 MB in 2 us = 500 GB/s = 50% of 1000 GB/s; floor = 1 us + 1 us = 2 us -> ratio 1.
+    # Median: 1 MB in 2 us = 500 GB/s = 50% of 1000 GB/s; floor = 1 us + 1 us = 2 us ->
+    # ratio 1; speed-up 10 / 2 = 5. Gates are judged at the candidate's p80 (2.2 us with
+    # this timer): 45.5% of copy, floor ratio 1.1, speed-up 10 / 2.2 = 4.55.
     gates = [
         Gate("bandwidth_fraction_min", 0.7),
         Gate("floor_ratio_max", 3.0),
-        Gate("speedup_min", 5.0),
-        Gate("speedup_min", 5.5),
+        Gate("speedup_min", 4.5),
+        Gate("speedup_min", 5.0),  # met at the median, missed at p80
+        Gate("bandwidth_fraction_min", 0.5),  # likewise
+        Gate("floor_ratio_max", 1.05),  # likewise
     ]
     report = run_suite(
         "s",
@@ -86,7 +90,14 @@ def test_speedup_bandwidth_and_gates(tmp_path):
     assert row["speedup"] == 5.0
     assert abs(row["candidate_gbs"] - 500.0) < 1e-9
     assert abs(row["floor_ratio"] - 1.0) < 1e-9
-    assert [g["passed"] for g in row["gates"]] == [False, True, True, False]
+    assert [g["passed"] for g in row["gates"]] == [False, True, True, False, False, False]
+    assert all(g["at"] == "candidate p80" for g in row["gates"])
+    speedups = [g for g in row["gates"] if g["kind"] == "speedup_min"]
+    assert [round(g["value"], 4) for g in speedups] == [4.5455, 4.5455]
+    assert [g["value_at_median"] for g in speedups] == [5.0, 5.0]
+    bandwidth = row["gates"][4]
+    assert bandwidth["value"] == pytest.approx(1 / 2.2) and bandwidth["value_at_median"] == 0.5
+    assert row["gates"][5]["value"] == pytest.approx(1.1)
 
 
 def test_results_are_merged_per_gpu_and_in_summary(tmp_path):

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.e2e.run import main
+
+sys.exit(main())

@@ -1,0 +1,148 @@
+"""How far two servers' outputs are apart, and whether that is within the stock path's noise.
+
+Inputs are the probes' records (``probes.py``): per prompt, the teacher-forced logprob of
+every prompt token after the first, the top-1 token at every position, and a greedy
+continuation. Everything here is pure Python so it is tested without a GPU.
+
+The bound. Two runs of the *stock* path that differ only in how work is batched or
+launched (one prompt at a time against sixteen at once; eager against CUDA graphs; another
+prefill chunk size) disagree by some amount: that is the noise of bf16 arithmetic in a
+different order, and no reference can be closer to the stock path than the stock path is
+to itself. The bound is ``factor`` times the largest such disagreement, per statistic
+(the per-prompt maximum |delta logprob| and the per-prompt mean |delta logprob|), with an
+absolute floor for the case where the stock path is bit-identical with itself. A
+candidate passes when every prompt is within the bound on both statistics. A negative
+control (the same checkpoint with one attention layer changed by 1%) must fail it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+DEFAULT_FACTOR = 2.0
+# Bounds never go below these (nats): a bit-identical stock path gives no scale of its own.
+MAX_FLOOR = 0.02
+MEAN_FLOOR = 0.002
+
+
+@dataclass(frozen=True)
+class PromptDelta:
+    prompt: str
+    positions: int
+    max_abs: float
+    mean_abs: float
+    top1_agreement: float  # fraction of positions whose argmax token is the same
+    first_greedy_divergence: int | None  # None: the continuations are equal
+
+
+def _check_same_prompt(name: str, a: dict, b: dict) -> None:
+    if a.get("prompt_sha256") != b.get("prompt_sha256"):
+        raise ValueError(f"prompt {name!r}: the two runs scored different token sequences")
+    if len(a["logprobs"]) != len(b["logprobs"]):
+        raise ValueError(
+            f"prompt {name!r}: {len(a['logprobs'])} against {len(b['logprobs'])} logprobs"
+        )
+
+
+def first_divergence(a: list[int] | None, b: list[int] | None) -> int | None:
+    """Index of the first differing generated token; None when equal (or not measured)."""
+    if a is None or b is None:
+        return None
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def prompt_delta(name: str, a: dict, b: dict) -> PromptDelta:
+    _check_same_prompt(name, a, b)
+    diffs = []
+    for x, y in zip(a["logprobs"], b["logprobs"], strict=True):
+        if x is None or y is None:
+            raise ValueError(f"prompt {name!r}: a position has no logprob")
+        if not (math.isfinite(x) and math.isfinite(y)):
+            diffs.append(math.inf)  # a NaN/inf logprob is a failure, never noise
+        else:
+            diffs.append(abs(x - y))
+    n = len(diffs)
+    agree = sum(1 for x, y in zip(a["top1"], b["top1"], strict=True) if x == y)
+    return PromptDelta(
+        prompt=name,
+        positions=n,
+        max_abs=max(diffs, default=0.0),
+        mean_abs=math.fsum(diffs) / n if n else 0.0,
+        top1_agreement=agree / n if n else 1.0,
+        first_greedy_divergence=first_divergence(a.get("greedy"), b.get("greedy")),
+    )
+
+
+def compare_runs(a: dict, b: dict) -> list[PromptDelta]:
+    """Per-prompt deltas between two runs (``{"prompts": {name: record}}``)."""
+    names_a, names_b = set(a["prompts"]), set(b["prompts"])
+    if names_a != names_b:
+        missing = sorted(names_a ^ names_b)
+        raise ValueError(f"the runs scored different prompt sets (differ in {missing[:5]})")
+    return [prompt_delta(n, a["prompts"][n], b["prompts"][n]) for n in sorted(names_a)]
+
+
+def summarize(deltas: list[PromptDelta]) -> dict:
+    if not deltas:
+        raise ValueError("no prompts to compare")
+    diverged = [d.first_greedy_divergence for d in deltas if d.first_greedy_divergence is not None]
+    return {
+        "prompts": len(deltas),
+        "positions": sum(d.positions for d in deltas),
+        "max_abs": max(d.max_abs for d in deltas),
+        "worst_prompt_mean_abs": max(d.mean_abs for d in deltas),
+        "mean_abs": math.fsum(d.mean_abs * d.positions for d in deltas)
+        / max(1, sum(d.positions for d in deltas)),
+        "top1_agreement": math.fsum(d.top1_agreement * d.positions for d in deltas)
+        / max(1, sum(d.positions for d in deltas)),
+        "greedy_equal_prompts": len(deltas) - len(diverged),
+        "first_greedy_divergence": min(diverged) if diverged else None,
+    }
+
+
+@dataclass(frozen=True)
+class Bound:
+    max_abs: float
+    mean_abs: float
+    factor: float
+    sources: dict  # variation name -> its summary
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def bound_from_variation(
+    variations: dict[str, list[PromptDelta]], factor: float = DEFAULT_FACTOR
+) -> Bound:
+    """The bound from the stock path's disagreements with itself (at least one needed)."""
+    if not variations:
+        raise ValueError("the bound needs at least one variation of the stock path")
+    worst_max = max(max(d.max_abs for d in ds) for ds in variations.values())
+    worst_mean = max(max(d.mean_abs for d in ds) for ds in variations.values())
+    if not (math.isfinite(worst_max) and math.isfinite(worst_mean)):
+        raise ValueError("the stock path produced a non-finite logprob: no bound can be taken")
+    return Bound(
+        max_abs=max(factor * worst_max, MAX_FLOOR),
+        mean_abs=max(factor * worst_mean, MEAN_FLOOR),
+        factor=factor,
+        sources={name: summarize(ds) for name, ds in variations.items()},
+    )
+
+
+def verdict(deltas: list[PromptDelta], bound: Bound) -> dict:
+    """Within the bound on every prompt, on both statistics; names the prompts that are not."""
+    outside = [
+        {"prompt": d.prompt, "max_abs": d.max_abs, "mean_abs": d.mean_abs}
+        for d in deltas
+        if not (d.max_abs <= bound.max_abs and d.mean_abs <= bound.mean_abs)
+    ]
+    return {
+        "within": not outside,
+        "bound": {"max_abs": bound.max_abs, "mean_abs": bound.mean_abs},
+        "outside": outside,
+        "summary": summarize(deltas),
+    }

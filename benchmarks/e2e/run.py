@@ -1,0 +1,394 @@
+"""The end-to-end comparison on one GPU: stock vLLM 0.33.0 against the overlay's path.
+
+Phases (each one command, well under ten minutes on an H200):
+
+``correctness``  six servers at once, sharing the GPU: stock eager, ours eager, stock eager
+                 on the perturbed checkpoint (negative control), stock eager with a
+                 2,048-token prefill chunk (a variation of the stock path), stock with CUDA
+                 graphs, ours with CUDA graphs. Every prompt is scored teacher-forced and
+                 continued greedily, one request at a time and sixteen at once. Then the
+                 other servers stop and the two CUDA-graph servers are timed one after the
+                 other: TTFT at 8K and 32K tokens, decode tokens/s at concurrency 1 and 16.
+``speculative``  ours started by ``deepinfer launch smoke`` itself (DSpark K=5, CUDA graphs)
+                 and checked with ``deepinfer health --ready``; stock with DSpark K=5. Greedy
+                 continuations (compared with the non-speculative ones of ``correctness``)
+                 and the per-position acceptance from /metrics.
+``report``       the verdicts from the saved records (CPU only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.e2e import agreement, probes
+from benchmarks.e2e.prompts import make_prompts, ordinary_token_ids
+from benchmarks.e2e.servers import Server, ServerSpec
+from benchmarks.serving.metrics import Snapshot, spec_decode_delta
+
+START_DEADLINE_S = 480
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_prompts(model_dir: str, max_len: int | None) -> dict[str, list[int]]:
+    d = Path(model_dir)
+    config = json.loads((d / "config.json").read_text())
+    vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
+    tok = json.loads((d / "tokenizer.json").read_text())
+    return make_prompts(ordinary_token_ids(tok, vocab), seed=0, max_len=max_len)
+
+
+def environment() -> dict:
+    out = {"host": platform.node(), "python": platform.python_version()}
+    try:
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        out["torch"] = torch.__version__
+        import triton
+        import vllm
+
+        out["triton"] = triton.__version__
+        out["vllm"] = vllm.__version__
+    except Exception as exc:  # noqa: BLE001 -- recorded, not fatal
+        out["error"] = repr(exc)
+    try:
+        out["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out["nvidia_smi"] = repr(exc)
+    return out
+
+
+def start_all(servers: list[Server], stagger_s: float, one_by_one: bool = False) -> dict[str, dict]:
+    """Start every server, wait for each; a server that fails is recorded, not fatal.
+    ``one_by_one``: each starts once the previous one is ready (a server that profiles
+    its memory must not see another one's allocations come and go)."""
+    state = {}
+    if one_by_one:
+        for s in servers:
+            state.update(start_all([s], 0.0))
+        return state
+    for s in servers:
+        s.start()
+        time.sleep(stagger_s)  # vLLM reads the free GPU memory as it starts
+
+    def wait(s: Server) -> None:
+        try:
+            ready = s.wait_ready(START_DEADLINE_S)
+            state[s.spec.name] = {"ready_s": ready, "argv": s.argv}
+            log(f"{s.spec.name}: ready after {ready:.0f} s")
+        except (RuntimeError, TimeoutError) as exc:
+            state[s.spec.name] = {"error": str(exc), "argv": getattr(s, "argv", None)}
+            log(f"{s.spec.name}: FAILED: {exc}")
+
+    with cf.ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(wait, servers))
+    return state
+
+
+def probe_server(s: Server, prompts: dict, schedules: tuple[str, ...]) -> dict:
+    out = {}
+    for sched in schedules:
+        t0 = time.monotonic()
+        out[sched] = probes.run_all(s.client, s.served_model_name, prompts, sched)
+        log(f"{s.spec.name}: {sched} probes in {time.monotonic() - t0:.0f} s")
+    return out
+
+
+def throughput(s: Server, prompts: dict) -> dict:
+    """TTFT at 8K/32K and decode tokens/s at concurrency 1 and 16 (spec decode off)."""
+    model = s.served_model_name
+    base = max(prompts.values(), key=len)
+
+    def stream(ids, max_tokens):
+        body = {
+            "model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }  # fmt: skip
+        return s.client.stream("/v1/completions", body)
+
+    out: dict = {}
+    for n in (8192, 32768):
+        ttfts = []
+        for rep in range(3):
+            ids = [base[(i + 7919 * rep) % len(base)] for i in range(n)]  # fresh: no prefix hit
+            ids[0] = base[rep]
+            ttfts.append(stream(ids, 1).ttft_s)
+        out[f"ttft_{n // 1024}k_s"] = {"median": statistics.median(ttfts), "samples": ttfts}
+    for conc in (1, 16):
+        prompts_c = [[base[(1000 * i + j) % len(base)] for j in range(512)] for i in range(conc)]
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(conc) as pool:
+            recs = list(pool.map(lambda p: stream(p, 256), prompts_c))
+        wall = time.perf_counter() - t0
+        rates = [r.decode_tok_s for r in recs if r.decode_tok_s is not None]
+        out[f"decode_c{conc}"] = {
+            "per_stream_median_tok_s": statistics.median(rates) if rates else None,
+            "aggregate_tok_s": sum(r.total_tokens for r in recs) / wall,
+            "wall_s": wall,
+        }
+    return out
+
+
+BOTH = ("sequential", "concurrent")
+
+
+def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
+    """Two waves of three servers: six at once ran one out of GPU memory on an H200."""
+    m, same = args.model, {"gpu_memory_utilization": args.util}
+    return [
+        [
+            (ServerSpec("stock-eager", "stock", m, 8101, **same), BOTH),
+            (ServerSpec("ours-eager", "ours", m, 8102, **same), BOTH),
+            (ServerSpec("stock-eager-perturbed", "stock", args.perturbed, 8103, **same),
+             ("concurrent",)),
+        ],
+        [
+            (ServerSpec("stock-graphs", "stock", m, 8105, eager=False, **same), BOTH),
+            (ServerSpec("ours-graphs", "ours", m, 8106, eager=False, **same), BOTH),
+            (ServerSpec("stock-eager-chunk2048", "stock", m, 8104, max_num_batched_tokens=2048,
+                        **same), ("concurrent",)),
+        ],
+    ]  # fmt: skip
+
+
+def run_wave(args, wave, prompts: dict, result: dict, servers: list[Server]) -> list[Server]:
+    """Start a wave into ``servers`` (the caller stops them), probe every server that came
+    up; returns ``servers``."""
+    servers += [Server(spec, args.out) for spec, _ in wave]
+    schedules = {spec.name: sched for spec, sched in wave}
+    result["servers"].update(start_all(servers, args.stagger_s))
+    live = [s for s in servers if "ready_s" in result["servers"][s.spec.name]]
+    with cf.ThreadPoolExecutor(len(live) or 1) as pool:
+        futs = {
+            s.spec.name: pool.submit(probe_server, s, prompts, schedules[s.spec.name]) for s in live
+        }
+        for name, f in futs.items():
+            try:
+                result["runs"][name] = f.result()
+            except Exception as exc:  # noqa: BLE001 -- recorded per server
+                result["servers"][name]["probe_error"] = repr(exc)
+                log(f"{name}: probes FAILED: {exc!r}")
+    for s in live:
+        result["servers"][s.spec.name]["plugin_status"] = s.plugin_status()
+    return servers
+
+
+def phase_correctness(args) -> dict:
+    prompts = load_prompts(args.model, args.max_len)
+    log(f"{len(prompts)} prompts, {sum(map(len, prompts.values()))} tokens")
+    result: dict = {"phase": "correctness", "environment": environment(), "runs": {},
+                    "servers": {}, "throughput": {}}  # fmt: skip
+    first, second = correctness_waves(args)
+    servers: list[Server] = []
+    try:
+        run_wave(args, first, prompts, result, servers)
+    finally:
+        for s in servers:
+            s.stop()
+    servers = []
+    try:
+        run_wave(args, second, prompts, result, servers)
+        timed = [s for s in servers if s.spec.name in ("stock-graphs", "ours-graphs")]
+        for s in servers:
+            if s not in timed:
+                s.stop()  # the timed servers run alone on the GPU, one after the other
+        for s in timed:
+            if args.throughput and "ready_s" in result["servers"][s.spec.name]:
+                try:
+                    result["throughput"][s.spec.name] = throughput(s, prompts)
+                    log(f"{s.spec.name}: throughput {result['throughput'][s.spec.name]}")
+                except Exception as exc:  # noqa: BLE001
+                    result["throughput"][s.spec.name] = {"error": repr(exc)}
+    finally:
+        for s in servers:
+            s.stop()
+    return result
+
+
+def phase_speculative(args) -> dict:
+    prompts = load_prompts(args.model, args.max_len)
+    specs = [
+        ServerSpec("ours-spec-launch", "ours", args.model, 8000, eager=False, speculative=True,
+                   via_cli=True),
+        ServerSpec("stock-spec", "stock", args.model, 8107, eager=False, speculative=True,
+                   gpu_memory_utilization=args.util),
+    ]  # fmt: skip
+    servers = [Server(s, args.out) for s in specs]
+    result: dict = {"phase": "speculative", "environment": environment(), "runs": {}, "health": {}}
+    try:
+        # The launched server profiles its memory (the user's command has no fixed pool).
+        result["servers"] = start_all(servers, args.stagger_s, one_by_one=True)
+        for s in servers:
+            if "ready_s" not in result["servers"][s.spec.name]:
+                continue
+            if s.spec.via_cli:
+                h = subprocess.run(
+                    ["deepinfer", "health", "--ready", "--url", "http://127.0.0.1:8000",
+                     "--served-model-name", s.served_model_name, "--timeout", "120",
+                     "--no-known-answer"],
+                    capture_output=True, text=True, timeout=300,
+                )  # fmt: skip
+                result["health"][s.spec.name] = {
+                    "rc": h.returncode, "stdout": h.stdout[-2000:], "stderr": h.stderr[-2000:]
+                }  # fmt: skip
+                log(f"health --ready: rc {h.returncode} {h.stdout.strip()[-200:]}")
+            before = Snapshot.from_text(s.client.get_text("/metrics") or "")
+            t0 = time.monotonic()
+            run = probes.run_all(s.client, s.served_model_name, prompts, "concurrent")
+            after = Snapshot.from_text(s.client.get_text("/metrics") or "")
+            run["spec_decode"] = spec_decode_delta(before, after)
+            result["runs"][s.spec.name] = {"concurrent": run}
+            result["servers"][s.spec.name]["plugin_status"] = s.plugin_status()
+            log(f"{s.spec.name}: probes in {time.monotonic() - t0:.0f} s, {run['spec_decode']}")
+    finally:
+        for s in servers:
+            s.stop()
+    return result
+
+
+SEQ, CON = "sequential", "concurrent"
+NEGATIVE = "NEGATIVE CONTROL: 1% attention change vs stock (eager)"
+VARIATIONS = {
+    "stock batch 1 vs 16 (eager)": ("stock-eager", SEQ, "stock-eager", CON),
+    "stock batch 1 vs 16 (graphs)": ("stock-graphs", SEQ, "stock-graphs", CON),
+    "stock eager vs graphs": ("stock-eager", CON, "stock-graphs", CON),
+    "stock prefill chunk 8192 vs 2048": ("stock-eager", CON, "stock-eager-chunk2048", CON),
+}
+COMPARISONS = {
+    "ours vs stock, eager, batch 16": ("ours-eager", CON, "stock-eager", CON),
+    "ours vs stock, eager, batch 1": ("ours-eager", SEQ, "stock-eager", SEQ),
+    "ours vs stock, CUDA graphs, batch 16": ("ours-graphs", CON, "stock-graphs", CON),
+    "ours vs stock, CUDA graphs, batch 1": ("ours-graphs", SEQ, "stock-graphs", SEQ),
+    "ours batch 1 vs 16 (eager)": ("ours-eager", SEQ, "ours-eager", CON),
+    NEGATIVE: ("stock-eager-perturbed", CON, "stock-eager", CON),
+}  # fmt: skip
+OURS = [name for name in COMPARISONS if name.startswith("ours vs stock")]
+
+
+def _pair(runs: dict, a: str, sa: str, b: str, sb: str):
+    if a not in runs or b not in runs or sa not in runs[a] or sb not in runs[b]:
+        return None
+    return agreement.compare_runs(runs[a][sa], runs[b][sb])
+
+
+def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
+    runs = dict(correctness["runs"])
+    variations = {}
+    for name, args in VARIATIONS.items():
+        d = _pair(runs, *args)
+        if d is not None:
+            variations[name] = d
+    bound = agreement.bound_from_variation(variations, factor)
+    out: dict = {"bound": bound.as_dict(), "comparisons": {}}
+    for name, args in COMPARISONS.items():
+        d = _pair(runs, *args)
+        if d is None:
+            out["comparisons"][name] = {"missing": True}
+            continue
+        v = agreement.verdict(d, bound)
+        v["per_prompt"] = [x.__dict__ for x in d]
+        out["comparisons"][name] = v
+    if speculative:
+        sruns = speculative["runs"]
+        spec_eq = {}
+        for spec_name, base in (
+            ("ours-spec-launch", "ours-graphs"),
+            ("stock-spec", "stock-graphs"),
+        ):
+            if spec_name in sruns and base in runs:
+                a = sruns[spec_name]["concurrent"]["prompts"]
+                b = runs[base]["concurrent"]["prompts"]
+                div = {n: agreement.first_divergence(a[n]["greedy"], b[n]["greedy"]) for n in a}
+                spec_eq[f"{spec_name} greedy vs {base} greedy"] = {
+                    "equal_prompts": sum(1 for x in div.values() if x is None),
+                    "prompts": len(div),
+                    "first_divergence": {n: x for n, x in div.items() if x is not None},
+                }
+            if spec_name in sruns:
+                spec_eq[f"{spec_name} acceptance"] = sruns[spec_name]["concurrent"].get(
+                    "spec_decode"
+                )
+        out["speculative"] = spec_eq
+        out["health"] = speculative.get("health")
+    out["verdict"] = overall_verdict(out["comparisons"])
+    return out
+
+
+def overall_verdict(comparisons: dict) -> dict:
+    """PASS only when every ours-vs-stock comparison ran and is within the bound AND the
+    negative control ran and is outside it: a bound that lets a 1% change in one attention
+    layer through cannot vouch for anything."""
+    missing = [n for n in [*OURS, NEGATIVE] if comparisons.get(n, {"missing": True}).get("missing")]
+    if missing:
+        return {"result": "NO VERDICT", "why": f"not measured: {missing}"}
+    if comparisons[NEGATIVE]["within"]:
+        return {
+            "result": "NO VERDICT",
+            "why": "the negative control is within the bound: the stock path's own variation "
+            "is too large for this comparison to detect a 1% change in one attention layer",
+        }
+    failed = [n for n in OURS if not comparisons[n]["within"]]
+    if failed:
+        return {"result": "FAIL", "why": f"outside the bound: {failed}"}
+    return {"result": "PASS", "why": "ours within the bound everywhere; the control is flagged"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("phase", choices=["correctness", "speculative", "report"])
+    p.add_argument("--model", help="the smoke checkpoint folder")
+    p.add_argument("--perturbed", help="the same checkpoint with one attention layer changed")
+    p.add_argument("--out", type=Path, required=True, help="folder for logs and records")
+    p.add_argument("--util", type=float, default=0.15, help="GPU memory share per server")
+    p.add_argument("--max-len", type=int, default=None, help="leave out longer prompts")
+    p.add_argument("--no-throughput", dest="throughput", action="store_false")
+    p.add_argument("--stagger-s", type=float, default=3.0, help="pause between server starts")
+    p.add_argument("--factor", type=float, default=agreement.DEFAULT_FACTOR)
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.phase == "report":
+        corr = json.loads((args.out / "correctness.json").read_text())
+        spec_path = args.out / "speculative.json"
+        spec = json.loads(spec_path.read_text()) if spec_path.exists() else None
+        rep = report(corr, spec, args.factor)
+        (args.out / "report.json").write_text(json.dumps(rep, indent=1))
+        for name, v in rep["comparisons"].items():
+            if "missing" in v:
+                print(f"{name}: not measured")
+                continue
+            s = v["summary"]
+            print(
+                f"{name}: {'WITHIN' if v['within'] else 'OUTSIDE'} bound (max|d| "
+                f"{s['max_abs']:.4g}, worst prompt mean|d| {s['worst_prompt_mean_abs']:.4g}, "
+                f"top-1 {s['top1_agreement']:.4%}, greedy equal "
+                f"{s['greedy_equal_prompts']}/{s['prompts']})"
+            )
+        print(f"bound: {rep['bound']['max_abs']:.4g} max, {rep['bound']['mean_abs']:.4g} mean")
+        print(f"verdict: {rep['verdict']['result']} ({rep['verdict']['why']})")
+        return 0 if rep["verdict"]["result"] == "PASS" else 1
+    if not args.model or (args.phase == "correctness" and not args.perturbed):
+        p.error("--model (and --perturbed for correctness) are required")
+    fn = phase_correctness if args.phase == "correctness" else phase_speculative
+    result = fn(args)
+    (args.out / f"{args.phase}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The end-to-end comparison's pure parts: prompts, probes' parsing, agreement, bound, rendering."""
+
+import json
+import math
+import random
+
+import pytest
+
+from benchmarks.e2e import agreement, probes, prompts
+from benchmarks.e2e.servers import ServerSpec, render
+
+
+def _run(logprob_rows: dict[str, list[float]], greedy=None, top1=None) -> dict:
+    out = {}
+    for name, lps in logprob_rows.items():
+        out[name] = {
+            "prompt_sha256": name,
+            "logprobs": list(lps),
+            "top1": list(top1[name]) if top1 else [0] * len(lps),
+            "greedy": list(greedy[name]) if greedy else [1, 2, 3],
+        }
+    return {"prompts": out}
+
+
+def _noisy(base: dict[str, list[float]], scale: float, seed: int) -> dict[str, list[float]]:
+    rng = random.Random(seed)
+    return {n: [x + rng.gauss(0, scale) for x in v] for n, v in base.items()}
+
+
+@pytest.fixture
+def base():
+    rng = random.Random(1)
+    return {f"p{i}": [-rng.uniform(0.5, 8.0) for _ in range(200 + 37 * i)] for i in range(6)}
+
+
+def test_identical_runs_have_zero_delta(base):
+    d = agreement.compare_runs(_run(base), _run(base))
+    s = agreement.summarize(d)
+    assert s["max_abs"] == 0 and s["mean_abs"] == 0 and s["top1_agreement"] == 1.0
+    assert s["greedy_equal_prompts"] == 6 and s["first_greedy_divergence"] is None
+
+
+def test_bound_is_factor_times_the_stock_variation(base):
+    var = agreement.compare_runs(_run(base), _run(_noisy(base, 0.05, 2)))
+    bound = agreement.bound_from_variation({"batch": var}, factor=2.0)
+    assert bound.max_abs == pytest.approx(2 * max(x.max_abs for x in var))
+    assert bound.mean_abs == pytest.approx(2 * max(x.mean_abs for x in var))
+
+
+def test_bound_floors_when_the_stock_path_is_bit_identical(base):
+    same = agreement.compare_runs(_run(base), _run(base))
+    bound = agreement.bound_from_variation({"batch": same})
+    assert (bound.max_abs, bound.mean_abs) == (agreement.MAX_FLOOR, agreement.MEAN_FLOOR)
+
+
+def test_bound_needs_a_variation():
+    with pytest.raises(ValueError, match="at least one variation"):
+        agreement.bound_from_variation({})
+
+
+def test_candidate_as_noisy_as_the_stock_path_is_within(base):
+    var = agreement.compare_runs(_run(base), _run(_noisy(base, 0.05, 2)))
+    bound = agreement.bound_from_variation({"batch": var})
+    cand = agreement.compare_runs(_run(_noisy(base, 0.05, 3)), _run(base))
+    assert agreement.verdict(cand, bound)["within"]
+
+
+# Mutants of a candidate that must be flagged against a bound from small stock noise.
+def _scaled(base):
+    return {n: [x * 1.01 for x in v] for n, v in base.items()}
+
+
+def _shifted_row(base):  # each position reads its neighbour's logprob
+    return {n: v[1:] + v[:1] for n, v in base.items()}
+
+
+def _one_prompt_wrong(base):
+    out = dict(base)
+    out["p3"] = [x - 0.5 for x in base["p3"]]
+    return out
+
+
+def _one_nan(base):
+    out = {n: list(v) for n, v in base.items()}
+    out["p2"][17] = math.nan
+    return out
+
+
+@pytest.mark.parametrize("mutant", [_scaled, _shifted_row, _one_prompt_wrong, _one_nan])
+def test_mutants_are_outside_the_bound(base, mutant):
+    var = agreement.compare_runs(_run(base), _run(_noisy(base, 0.005, 2)))
+    bound = agreement.bound_from_variation({"batch": var})
+    v = agreement.verdict(agreement.compare_runs(_run(mutant(base)), _run(base)), bound)
+    assert not v["within"]
+    assert v["outside"]
+
+
+def test_top1_and_greedy_divergence_are_counted(base):
+    top_a = {n: [1] * len(v) for n, v in base.items()}
+    top_b = {n: [1] * len(v) for n, v in base.items()}
+    top_b["p0"][:50] = [2] * 50
+    greedy_b = {n: [1, 2, 3] for n in base}
+    greedy_b["p4"] = [1, 9, 3]
+    d = agreement.compare_runs(_run(base, top1=top_a), _run(base, top1=top_b, greedy=greedy_b))
+    by = {x.prompt: x for x in d}
+    assert by["p0"].top1_agreement == pytest.approx(1 - 50 / len(base["p0"]))
+    assert by["p4"].first_greedy_divergence == 1
+    assert agreement.summarize(d)["greedy_equal_prompts"] == 5
+
+
+def test_different_sequences_are_refused(base):
+    a, b = _run(base), _run(base)
+    b["prompts"]["p1"]["prompt_sha256"] = "other"
+    with pytest.raises(ValueError, match="different token sequences"):
+        agreement.compare_runs(a, b)
+    del b["prompts"]["p1"]
+    with pytest.raises(ValueError, match="different prompt sets"):
+        agreement.compare_runs(a, b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [([1, 2], [1, 2], None), ([1, 2], [1, 3], 1), ([1], [1, 2], 1), (None, [1], None)],
+)
+def test_first_divergence(a, b, want):
+    assert agreement.first_divergence(a, b) == want
+
+
+def test_prompts_are_deterministic_and_cover_the_lengths():
+    ids = list(range(3, 259))
+    a, b = prompts.make_prompts(ids, seed=0), prompts.make_prompts(ids, seed=0)
+    assert a == b
+    assert len(a) >= 32
+    assert sum(1 for v in a.values() if len(v) >= 32768) >= 4
+    assert all(len(v) == int(n[3:]) for n, v in a.items())
+    assert all(set(v) <= set(ids) for v in a.values())
+    assert prompts.make_prompts(ids, seed=1) != a
+    assert max(map(len, prompts.make_prompts(ids, max_len=1000).values())) <= 1000
+
+
+def test_ordinary_ids_leave_special_tokens_out():
+    tok = {"model": {"vocab": {"a": 0, "b": 1, "<s>": 2, "c": 600}}, "added_tokens": [{"id": 2}]}
+    assert prompts.ordinary_token_ids(tok, vocab_size=512) == [0, 1]
+    with pytest.raises(ValueError, match="no ordinary tokens"):
+        prompts.ordinary_token_ids({"model": {"vocab": {}}}, 512)
+
+
+class _FakeClient:
+    def __init__(self, resp):
+        self.resp = resp
+        self.bodies = []
+
+    def post_json(self, path, body):
+        self.bodies.append(body)
+        return self.resp
+
+
+def test_teacher_forced_parses_token_id_keys():
+    ids = [5, 6, 7]
+    resp = {
+        "choices": [
+            {
+                "logprobs": {
+                    "tokens": ["token_id:5", "token_id:6", "token_id:7", "token_id:9"],
+                    "token_logprobs": [None, -1.5, -0.25, -0.1],
+                    "top_logprobs": [
+                        None,
+                        {"token_id:6": -1.5, "token_id:8": -0.5},
+                        {"token_id:7": -0.25},
+                        {"token_id:9": -0.1},
+                    ],
+                }
+            }
+        ]
+    }
+    client = _FakeClient(resp)
+    rec = probes.teacher_forced(client, "m", ids)
+    assert rec["logprobs"] == [-1.5, -0.25]
+    assert rec["top1"] == [8, 7]
+    assert client.bodies[0]["echo"] and client.bodies[0]["return_tokens_as_token_ids"]
+    resp["choices"][0]["logprobs"]["tokens"][1] = "token_id:4"
+    with pytest.raises(ValueError, match="echoed other token ids"):
+        probes.teacher_forced(client, "m", ids)
+
+
+def test_greedy_checks_the_token_count():
+    resp = {"choices": [{"logprobs": {"tokens": ["token_id:1", "token_id:2"]}}]}
+    assert probes.greedy(_FakeClient(resp), "m", [1], max_tokens=2) == [1, 2]
+    with pytest.raises(ValueError, match="asked for 3"):
+        probes.greedy(_FakeClient(resp), "m", [1], max_tokens=3)
+
+
+def test_servers_render_the_launchers_command_with_the_mode():
+    eager, _ = render(ServerSpec("s", "stock", "/ckpt", 8123, eager=True, speculative=False))
+    assert eager[:3] == ["vllm", "serve", "/ckpt"]
+    assert "--enforce-eager" in eager and "--speculative-config" not in eager
+    assert eager[eager.index("--kv-cache-memory-bytes") + 1] == str(6 * 2**30)
+    assert eager[eager.index("--port") + 1] == "8123"
+    assert eager[eager.index("--max-model-len") + 1] == "1048576"
+    graphs, _ = render(ServerSpec("s", "ours", "/ckpt", 8124, eager=False, speculative=True))
+    assert "--enforce-eager" not in graphs
+    assert (
+        json.loads(graphs[graphs.index("--speculative-config") + 1])["num_speculative_tokens"] == 5
+    )
+    with pytest.raises(ValueError, match="stock or ours"):
+        ServerSpec("s", "other", "/ckpt", 1)
+
+
+def test_report_flags_the_negative_control_and_passes_a_close_candidate(base):
+    from benchmarks.e2e.run import report
+
+    def runs(lps):
+        return {"sequential": _run(lps), "concurrent": _run(lps)}
+
+    corr = {
+        "runs": {
+            "stock-eager": {"sequential": _run(base), "concurrent": _run(_noisy(base, 0.01, 1))},
+            "stock-graphs": runs(_noisy(base, 0.01, 2)),
+            "stock-eager-chunk2048": runs(_noisy(base, 0.01, 3)),
+            "ours-eager": runs(_noisy(base, 0.01, 4)),
+            "ours-graphs": runs(_noisy(base, 0.01, 5)),
+            "stock-eager-perturbed": runs({n: [x * 1.05 for x in v] for n, v in base.items()}),
+        }
+    }
+    rep = report(corr, None, factor=2.0)
+    comps = rep["comparisons"]
+    assert comps["ours vs stock, eager, batch 16"]["within"]
+    assert comps["ours vs stock, CUDA graphs, batch 1"]["within"]
+    assert not comps["NEGATIVE CONTROL: 1% attention change vs stock (eager)"]["within"]
+    assert rep["verdict"]["result"] == "PASS"
+    assert set(rep["bound"]["sources"]) == {
+        "stock batch 1 vs 16 (eager)",
+        "stock batch 1 vs 16 (graphs)",
+        "stock eager vs graphs",
+        "stock prefill chunk 8192 vs 2048",
+    }
+
+
+def test_no_verdict_without_a_flagged_negative_control_or_with_a_missing_run(base):
+    from benchmarks.e2e.run import report
+
+    noisy = {k: _noisy(base, 0.5, i) for i, k in enumerate(("a", "b", "c", "d", "e"))}
+    corr = {
+        "runs": {
+            "stock-eager": {"sequential": _run(base), "concurrent": _run(noisy["a"])},
+            "stock-graphs": {"sequential": _run(noisy["b"]), "concurrent": _run(base)},
+            "ours-eager": {"sequential": _run(noisy["c"]), "concurrent": _run(noisy["d"])},
+            "ours-graphs": {"sequential": _run(noisy["e"]), "concurrent": _run(base)},
+            # a 1% change hides inside a chaotic model's own variation
+            "stock-eager-perturbed": {"concurrent": _run(_noisy(base, 0.5, 9))},
+        }
+    }
+    rep = report(corr, None, factor=2.0)
+    assert rep["verdict"]["result"] == "NO VERDICT"
+    assert "negative control is within the bound" in rep["verdict"]["why"]
+    del corr["runs"]["stock-eager-perturbed"]
+    rep = report(corr, None, factor=2.0)
+    assert rep["verdict"]["result"] == "NO VERDICT" and "not measured" in rep["verdict"]["why"]
+
+
+def test_a_candidate_outside_the_bound_fails(base):
+    from benchmarks.e2e.run import report
+
+    def same(lps):
+        return {"sequential": _run(lps), "concurrent": _run(lps)}
+
+    corr = {
+        "runs": {
+            "stock-eager": same(base),
+            "stock-graphs": same(base),
+            "ours-eager": same(_scaled(base)),
+            "ours-graphs": same(base),
+            "stock-eager-perturbed": {"concurrent": _run(_one_prompt_wrong(base))},
+        }
+    }
+    rep = report(corr, None, factor=2.0)
+    assert rep["verdict"]["result"] == "FAIL"
+    assert "ours vs stock, eager, batch 16" in rep["verdict"]["why"]

@@ -6,6 +6,10 @@ under Triton's interpreter on CPU tensors: ``TRITON_INTERPRET=1`` and
 oracles) must be in place before Triton is imported, hence at the top of this file.
 ``make test-gpu`` sets ``DEEPINFER_TEST_DEVICE=cuda``: kernels compile for the GPU and
 the ``gpu``-marked full-size cases run.
+
+Required tiers (``tools/tiers.py``): under ``DEEPINFER_REQUIRE_VLLM=1``
+a skipped ``vllm`` test, and under ``DEEPINFER_REQUIRE_TOOLS=1`` a skipped ``tools`` test,
+is reported as a failure. The run ends with a "tiers" section: what each tier ran.
 """
 
 import os
@@ -18,6 +22,8 @@ if _WANT != "cuda":
 import pytest
 import torch
 
+from tools import tiers
+
 ON_GPU = _WANT == "cuda"
 if ON_GPU and not torch.cuda.is_available():
     raise RuntimeError(
@@ -25,7 +31,7 @@ if ON_GPU and not torch.cuda.is_available():
         "CPU tiers"
     )
 if ON_GPU:
-    from deepinfer_sm80.testing import ampere_ptx
+    from tools import ampere_ptx
 
     ampere_ptx.enable_if_requested()  # DEEPINFER_AMPERE_PTX=1: Ampere lowering via PTX JIT
 
@@ -40,3 +46,53 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
             item.add_marker(skip_gpu)
+
+
+# ------------------------------------------------------------------ required tiers
+
+TIER_MARKERS = ("gpu", "vllm", "aot", "tools", "image")
+_outcomes: dict[str, tuple[tuple[str, ...], str]] = {}  # nodeid -> (tiers, outcome)
+
+
+def _tiers(item) -> tuple[str, ...]:
+    return tuple(m for m in TIER_MARKERS if item.get_closest_marker(m)) or ("plain",)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip of a test in a required tier (tools/tiers.py) becomes a failure naming
+    the test, the flag and the skip's reason; every test's outcome is kept for the
+    summary of tiers below."""
+    report = (yield).get_result()
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        flag = tiers.required_flag({m.name for m in item.iter_markers()})
+        tier_not_running = "gpu" in item.keywords and not ON_GPU
+        if flag and not tier_not_running and not tiers.is_not_applicable(reason):
+            report.outcome = "failed"
+            report.longrepr = f"{item.nodeid}: skipped, but {flag}=1 requires it: {reason}"
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        _outcomes[item.nodeid] = (_tiers(item), report.outcome)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which tiers ran, and how: a tier whose tests all skipped did not run."""
+    if not _outcomes:
+        return
+    counts: dict[str, dict[str, int]] = {}
+    for tier_names, outcome in _outcomes.values():
+        for tier in tier_names:
+            counts.setdefault(tier, {}).setdefault(outcome, 0)
+            counts[tier][outcome] += 1
+    required = [f"{flag}=1" for flag in tiers.REQUIRE_FLAGS.values() if os.environ.get(flag) == "1"]
+    terminalreporter.section("tiers")
+    terminalreporter.write_line(
+        f"device: {'cuda' if ON_GPU else 'cpu (Triton interpreter)'}; required: "
+        f"{', '.join(required) or 'none'}"
+    )
+    for tier in (*TIER_MARKERS, "plain"):
+        if tier in counts:
+            c = counts[tier]
+            ran = "ran" if c.get("passed", 0) + c.get("failed", 0) else "DID NOT RUN"
+            parts = ", ".join(f"{n} {o}" for o, n in sorted(c.items()))
+            terminalreporter.write_line(f"  {tier:6s} {ran}: {parts}")

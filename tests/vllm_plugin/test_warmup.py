@@ -1,4 +1,5 @@
-"""The kernel-warmup ledger entry: our mHC variants compile before vLLM's own warmup."""
+"""The kernel-warmup ledger entry: our mHC variants compile before vLLM's own warmup, one long
+prefill after it."""
 
 from types import SimpleNamespace
 
@@ -31,12 +32,16 @@ def test_ours_runs_first_then_vllms(monkeypatch):
     monkeypatch.setattr(
         warmup, "_vllm_warmup_kernels", lambda r, e, s: calls.append(("vllm", r, e, s))
     )
+    monkeypatch.setattr(
+        warmup, "warm_long_prefill", lambda r, e, s: calls.append(("long prefill", r, e, s))
+    )
     runner = _runner()
     warmup.warmup_kernels(runner, "exec", "sample")
     assert calls == [
         ("ours", runner),
         ("pp post-update", runner),
         ("vllm", runner, "exec", "sample"),
+        ("long prefill", runner, "exec", "sample"),
     ]
 
 
@@ -92,3 +97,96 @@ def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypat
     monkeypatch.setattr(triton_kernel, "prefill_engine", lambda device: "tilelang")
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}, {"variant": "d"}]
     assert len(reserved) == 1
+
+
+# DeepSeek-V4.1's geometry: index top-k 512, ratios 0/1/2, window 128.
+_V41 = SimpleNamespace(
+    index_topk=512, compress_ratios=[0, 0] + [2] * 18 + [1] * 20 + [0] * 3, sliding_window=128
+)
+
+
+def _long_runner(max_tokens=8192, max_model_len=1 << 20, hf=_V41):
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
+        model_config=SimpleNamespace(hf_config=hf),
+        max_model_len=max_model_len,
+    )
+
+
+def test_long_prefill_crosses_the_indexers_select_everything_threshold():
+    from deepinfer_sm80.vllm_plugin.warmup import long_prefill_tokens
+
+    n = long_prefill_tokens(_V41)
+    assert n == 512 * 2 + 2 + 128
+    # vLLM scores with the indexer once seq_len // ratio > index_topk, at every ratio.
+    for ratio in (1, 2):
+        assert n // ratio > 512
+        assert (n - 128) // ratio > 512  # and still without the window on top
+    assert (n - 128 - 2) // 2 == 512  # one compressed entry less would not score
+    tiny = SimpleNamespace(index_topk=64, compress_ratios=[0, 0, 2, 2, 1, 1, 0], sliding_window=128)
+    assert long_prefill_tokens(tiny) == 64 * 2 + 2 + 128
+    assert long_prefill_tokens(SimpleNamespace(index_topk=512, compress_ratios=[0, 0])) == 0
+    assert long_prefill_tokens(SimpleNamespace()) == 0
+
+
+def test_long_prefill_runs_one_mixed_step_with_room_for_the_decode_token(monkeypatch):
+    from deepinfer_sm80.vllm_plugin import warmup
+
+    seen = []
+
+    def fake_mixed(runner, execute, sample, num_tokens, *, req_id_prefix):
+        seen.append((runner, execute, sample, num_tokens, req_id_prefix))
+        return True
+
+    monkeypatch.setattr(warmup, "run_mixed_prefill_decode_warmup", fake_mixed)
+    runner = _long_runner()
+    assert warmup.warm_long_prefill(runner, "exec", "sample") == 1154 + 1
+    assert seen == [(runner, "exec", "sample", 1155, "_deepinfer_long_prefill_warmup")]
+
+
+@pytest.mark.parametrize(
+    ("limits", "name"),
+    [
+        ({"max_tokens": 1024}, "max_num_batched_tokens is 1024"),
+        ({"max_model_len": 1100}, "max_model_len is 1100"),
+    ],
+)
+def test_long_prefill_skips_with_the_limit_named_when_a_step_cannot_hold_it(
+    monkeypatch, caplog, limits, name
+):
+    from deepinfer_sm80.vllm_plugin import warmup
+
+    monkeypatch.setattr(
+        warmup, "run_mixed_prefill_decode_warmup", lambda *a, **k: pytest.fail("must not run")
+    )
+    with caplog.at_level("WARNING", logger="deepinfer_sm80.warmup"):
+        assert warmup.warm_long_prefill(_long_runner(**limits), "exec", "sample") == 0
+    assert name in caplog.text and "1155 tokens" in caplog.text
+
+
+def test_long_prefill_says_so_when_vllm_declines_the_mixed_step(monkeypatch, caplog):
+    from deepinfer_sm80.vllm_plugin import warmup
+
+    monkeypatch.setattr(warmup, "run_mixed_prefill_decode_warmup", lambda *a, **k: False)
+    with caplog.at_level("WARNING", logger="deepinfer_sm80.warmup"):
+        assert warmup.warm_long_prefill(_long_runner(), "exec", "sample") == 0
+    assert "skipped by vLLM" in caplog.text and "over 1154 tokens" in caplog.text
+
+
+def test_long_prefill_nothing_to_warm_without_compressed_layers(monkeypatch):
+    from deepinfer_sm80.vllm_plugin import warmup
+
+    monkeypatch.setattr(
+        warmup, "run_mixed_prefill_decode_warmup", lambda *a, **k: pytest.fail("must not run")
+    )
+    hf = SimpleNamespace(index_topk=512, compress_ratios=[0] * 4, sliding_window=128)
+    assert warmup.warm_long_prefill(_long_runner(hf=hf), "exec", "sample") == 0
+
+
+def test_vllms_mixed_step_takes_the_arguments_the_long_prefill_passes():
+    import inspect
+
+    from vllm.v1.worker.gpu.warmup import run_mixed_prefill_decode_warmup
+
+    sig = inspect.signature(run_mixed_prefill_decode_warmup)
+    sig.bind("runner", "exec", "sample", 1155, req_id_prefix="_deepinfer_long_prefill_warmup")

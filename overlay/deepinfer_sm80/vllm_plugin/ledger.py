@@ -212,8 +212,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
         targets=("vllm.v1.worker.gpu_worker:warmup_kernels",),
         replacement="deepinfer_sm80.vllm_plugin.warmup:warmup_kernels",
         reason="compile (or load from the image's AOT folder) every mHC TileLang variant up to "
-        "max_num_batched_tokens before vLLM's own warmup, so no compile lands on a request",
-        remove_when="the mhc entries are removed",
+        "max_num_batched_tokens before vLLM's own warmup, and after it run one prefill long "
+        "enough for the indexer to score, so no compile lands on a request",
+        remove_when="the mhc entries are removed and vLLM warms DeepSeek-V4.1's scored prefill",
     ),
     LedgerEntry(
         name="indexer-pack-seq",

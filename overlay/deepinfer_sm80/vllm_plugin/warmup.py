@@ -6,6 +6,11 @@ TileLang kernels are compiled per token-count bucket, and those steps touch only
 buckets, so ours first compiles (or loads, seeding from the image's AOT folder) every
 variant up to ``max_num_batched_tokens`` and logs what it compiled and how long it took.
 Then vLLM's warmup runs unchanged.
+
+vLLM's steps are a few tokens long, so every query selects its whole short history and
+the scored paths -- the indexer's prefill logits, the compressed-KV gather, the top-k and
+window merge -- would compile on the first long prompt instead (seconds, in front of that
+user). One mixed prefill+decode step long enough to take them follows (``warm_long_prefill``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import time
 from pathlib import Path
 
+from vllm.v1.worker.gpu.warmup import run_mixed_prefill_decode_warmup
 from vllm.v1.worker.gpu.warmup import warmup_kernels as _vllm_warmup_kernels
 
 from deepinfer_sm80 import envs
@@ -71,11 +77,78 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
     return records
 
 
+def long_prefill_tokens(hf_config) -> int:
+    """Tokens of one prefill that takes every scored path; 0 when the model has none.
+
+    A layer of compress ratio r scores its candidates with the indexer only once
+    ``seq_len // r > index_topk`` (below that every candidate is selected,
+    deepseek_v41/attention.py); the largest ratio sets the length, one more compressed
+    entry makes it strict, and a full sliding window on top puts the window merge past
+    its edge too.
+    """
+    ratios = [int(r) for r in getattr(hf_config, "compress_ratios", None) or () if int(r) > 0]
+    topk = getattr(hf_config, "index_topk", None)
+    if not ratios or not topk:
+        return 0
+    largest = max(ratios)
+    return int(topk) * largest + largest + int(getattr(hf_config, "sliding_window", 0) or 0)
+
+
+def warm_long_prefill(model_runner, worker_execute_model, worker_sample_tokens) -> int:
+    """Run one mixed step whose prefill is ``long_prefill_tokens`` long, through vLLM's own
+    scheduler-input path (every PP rank runs it, as vLLM's warmup steps). Returns the
+    tokens it ran, 0 when skipped (with the reason logged)."""
+    prefill = long_prefill_tokens(model_runner.model_config.hf_config)
+    if prefill == 0:
+        return 0
+    # vLLM's mixed step schedules one decode token beside the prefill.
+    tokens = prefill + 1
+    limits = {
+        "max_num_batched_tokens": int(model_runner.scheduler_config.max_num_batched_tokens),
+        "max_model_len": int(model_runner.max_model_len),
+    }
+    for name, limit in limits.items():
+        if tokens > limit:
+            logger.warning(
+                "deepinfer-sm80: long-prefill warmup skipped: it needs %d tokens per step "
+                "and %s is %d; the first prompt over %d tokens compiles the scored "
+                "prefill kernels instead",
+                tokens,
+                name,
+                limit,
+                prefill,
+            )
+            return 0
+    start = time.perf_counter()
+    if not run_mixed_prefill_decode_warmup(
+        model_runner,
+        worker_execute_model,
+        worker_sample_tokens,
+        tokens,
+        req_id_prefix="_deepinfer_long_prefill_warmup",
+    ):
+        logger.warning(
+            "deepinfer-sm80: long-prefill warmup skipped by vLLM (fewer than 2 sequences "
+            "or too few KV blocks); the first prompt over %d tokens compiles the scored "
+            "prefill kernels instead",
+            prefill,
+        )
+        return 0
+    logger.info(
+        "deepinfer-sm80: long-prefill warmup (%d tokens) done in %.1f s",
+        tokens,
+        time.perf_counter() - start,
+    )
+    return tokens
+
+
 def warmup_kernels(model_runner, worker_execute_model, worker_sample_tokens) -> None:
-    """vLLM's ``warmup_kernels`` with our kernels compiled first (same signature), and
-    on non-last PP ranks the sampled-token post-update (``pp_broadcast``)."""
+    """vLLM's ``warmup_kernels`` with our kernels compiled first (same signature), on
+    non-last PP ranks the sampled-token post-update (``pp_broadcast``), and one long
+    prefill after vLLM's short steps."""
     from deepinfer_sm80.vllm_plugin.pp_broadcast import prewarm_post_update
 
     warm_overlay_kernels(model_runner)
     prewarm_post_update(model_runner)
-    return _vllm_warmup_kernels(model_runner, worker_execute_model, worker_sample_tokens)
+    _vllm_warmup_kernels(model_runner, worker_execute_model, worker_sample_tokens)
+    warm_long_prefill(model_runner, worker_execute_model, worker_sample_tokens)

@@ -130,6 +130,37 @@ def test_shipped_variants_cover_every_token_count():
     assert len(shipped_variants(8192)) == len(SMALL_TOKEN_GROUPS) + 4
 
 
+def test_tensor_core_tile_fills_write_every_element_once():
+    """The stage-tile fills of the shipped Tensor Core config are one-to-one (the proof
+    behind TileLang's "written by multiple threads" warning being a false positive), and
+    the check rejects fills with a repeat, a gap or a write outside the tile."""
+    from deepinfer_sm80.ops.mhc import tilelang_kernels as k
+    from deepinfer_sm80.ops.mhc.geometry import mix_size, tensor_core_config
+
+    cfg = tensor_core_config(64)
+    hc, mix, bm, bh, threads = 4, mix_size(4), cfg.block_m, cfg.block_h, cfg.threads
+    k.check_tile_fill("res_s", k.residual_tile_coords, (hc, bh), bm * hc * bh // 8, 8, (bm, hc, bh))
+    k.check_tile_fill("x_s", k.x_tile_coords, (bh,), bm * bh // 2, 2, (bm, bh))
+    k.check_tile_fill("w_s", k.weight_tile_coords, (mix, bh), hc * mix * bh // 4, 4, (mix, hc, bh))
+    assert threads % 32 == 0
+
+    def repeats(q, v, mix, block_h):  # every stream's rows written over stream 0's
+        row, _, h = k.weight_tile_coords(q, v, mix, block_h)
+        return row, 0, h
+
+    def wrong_row(q, v, mix, block_h):  # rows shifted by one: the last falls off the tile
+        row, stream, h = k.weight_tile_coords(q, v, mix, block_h)
+        return row + 1, stream, h
+
+    vectors = hc * mix * bh // 4
+    with pytest.raises(AssertionError, match="a repeat or a gap"):
+        k.check_tile_fill("w_s", repeats, (mix, bh), vectors, 4, (mix, hc, bh))
+    with pytest.raises(AssertionError, match="outside"):
+        k.check_tile_fill("w_s", wrong_row, (mix, bh), vectors, 4, (mix, hc, bh))
+    with pytest.raises(AssertionError, match="a repeat or a gap"):  # one vector short
+        k.check_tile_fill("w_s", k.weight_tile_coords, (mix, bh), vectors - 1, 4, (mix, hc, bh))
+
+
 def test_zero_tokens_returns_empty_outputs_without_a_launch():
     inp = model_like_inputs(0)
     out = _call(mhc_fused_post_pre_delayed, inp, capture_aux=True)

@@ -1,5 +1,6 @@
 """Ampere fitness tier: every shipped kernel config compiles for sm_80 and sm_86 with
-<= 48 KB shared memory per CTA and no register spills (AOT, no GPU needed)."""
+<= 48 KB shared memory per CTA, no register spills and registers for the CTAs per SM it
+states (AOT, no GPU needed). One test id per spec label and arch."""
 
 import pytest
 
@@ -8,21 +9,48 @@ from deepinfer_sm80.ampere_fit import (
     fit_violations,
     format_reports,
 )
-from deepinfer_sm80.kernel_spec import KernelSpec
+from deepinfer_sm80.arch import AMPERE_ARCHES
+from deepinfer_sm80.kernel_spec import FitReport, KernelSpec
 from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
 
 pytestmark = pytest.mark.aot
 
+SHIPPED = all_ampere_kernel_specs()
+CCS = [major * 10 + minor for major, minor in (a.capability for a in AMPERE_ARCHES)]
 
-def test_shipped_kernel_configs_fit_ampere():
-    specs = all_ampere_kernel_specs()
-    assert len(specs) >= 10
-    reports = compile_for_ampere(specs)
+
+@pytest.fixture(scope="module")
+def shipped_reports(request) -> dict[tuple[str, str], FitReport]:
+    """The specs and arches of the selected ``test_shipped_spec_fits_ampere`` ids (all of
+    them unless ``-k`` narrows the run), compiled in one subprocess."""
+    selected = [
+        item.callspec.params
+        for item in request.session.items
+        if getattr(item, "function", None) is test_shipped_spec_fits_ampere
+    ]
+    labels = {params["spec"].label for params in selected}
+    specs = [spec for spec in SHIPPED if spec.label in labels]
+    ccs = sorted({params["cc"] for params in selected})
+    reports = compile_for_ampere(specs, ccs)
     print("\n" + format_reports(reports))
-    assert {r.arch for r in reports} == {"sm_80", "sm_86"}
-    assert len(reports) == 2 * len(specs)
-    problems = fit_violations(reports)
+    assert len(reports) == len(specs) * len(ccs)
+    return {(r.label, r.arch): r for r in reports}
+
+
+@pytest.mark.parametrize(
+    "spec,cc",
+    [pytest.param(spec, cc, id=f"{spec.label}-sm_{cc}") for spec in SHIPPED for cc in CCS],
+)
+def test_shipped_spec_fits_ampere(spec, cc, shipped_reports):
+    report = shipped_reports[(spec.label, f"sm_{cc}")]
+    assert (report.threads, report.min_ctas_per_sm) == (32 * spec.num_warps, spec.min_ctas_per_sm)
+    problems = fit_violations([report])
     assert not problems, "\n".join(problems)
+
+
+def test_registry_covers_both_arches():
+    assert len(SHIPPED) >= 10
+    assert CCS == [80, 86]
 
 
 def test_check_rejects_fp8e4nv_and_oversized_shared_memory():

@@ -13,7 +13,6 @@ runs kernels under the interpreter holds interpreter objects, not compilable one
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -23,21 +22,13 @@ import tempfile
 from dataclasses import asdict
 
 from deepinfer_sm80.arch import AMPERE_ARCHES, STATIC_SMEM_LIMIT_BYTES
-from deepinfer_sm80.kernel_spec import FitReport, KernelSpec
+from deepinfer_sm80.kernel_spec import FitReport, KernelSpec, resolve_kernel
 
 # What ``ptxas -v`` prints (read for Triton kernels here and TileLang kernels in
 # ``tilelang_build``).
 PTXAS_REGS = re.compile(r"Used (\d+) registers")
 PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
 PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
-
-
-def _resolve(path: str):
-    module_name, _, attr_path = path.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _compile_one(spec: KernelSpec, cc: int) -> FitReport:
@@ -47,7 +38,7 @@ def _compile_one(spec: KernelSpec, cc: int) -> FitReport:
 
     arch = f"sm_{cc}"
     try:
-        fn = _resolve(spec.kernel)
+        fn = resolve_kernel(spec.kernel)
         names = list(fn.arg_names)
         unknown = set(spec.signature) | set(spec.constexprs)
         unknown -= set(names)

@@ -634,19 +634,3 @@ def test_errors_name_the_argument(device):
         fp8_fp4_paged_mqa_logits(
             (qd, None), cache, wd, ctx.view(1, 1).expand(1, 3), table, None, 64
         )
-
-
-# ------------------------------------------------------------------ Ampere fitness
-
-
-@pytest.mark.aot
-def test_shipped_configs_fit_ampere():
-    from deepinfer_sm80.ampere_fit import compile_for_ampere, fit_violations, format_reports
-    from deepinfer_sm80.ops.indexer_logits.triton_kernel import ampere_kernel_specs
-
-    specs = ampere_kernel_specs()
-    reports = compile_for_ampere(specs)
-    print("\n" + format_reports(reports))
-    assert {r.arch for r in reports} == {"sm_80", "sm_86"} and len(reports) == 2 * len(specs)
-    problems = fit_violations(reports)
-    assert not problems, "\n".join(problems)

@@ -12,11 +12,9 @@ import types
 import pytest
 import torch
 
-from deepinfer_sm80.ampere_fit import compile_for_ampere, fit_violations, format_reports
 from deepinfer_sm80.ops.inv_rope import fused_inv_rope_fp8_quant
 from deepinfer_sm80.ops.inv_rope.ref import inv_rope_fp8_quant_ref
 from deepinfer_sm80.ops.inv_rope.triton_kernel import (
-    ampere_kernel_specs,
     launch_inv_rope_fp8_quant,
 )
 from deepinfer_sm80.ops.rope.ref import rope_rows
@@ -288,16 +286,6 @@ def test_vllm_sm80_o_proj_path_with_our_kernel(monkeypatch, tp):
 
 
 # ------------------------------------------------------------------ Ampere fitness
-
-
-@pytest.mark.aot
-def test_our_specs_fit_ampere():
-    specs = ampere_kernel_specs()
-    reports = compile_for_ampere(specs)
-    print("\n" + format_reports(reports))
-    assert len(reports) == 2 * len(specs)
-    problems = fit_violations(reports)
-    assert not problems, "\n".join(problems)
 
 
 VLLM_KERNEL = f"{VLLM_INV}:FusedInvRopeFP8QuantKernel.kernel"

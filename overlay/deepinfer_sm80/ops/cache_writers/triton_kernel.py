@@ -97,22 +97,18 @@ def ampere_kernel_specs() -> list[KernelSpec]:
     plain = kernel_config("cache_writers.plain_rows")
     for ratio in (1, 2):
         specs.append(
-            KernelSpec(
-                label=f"cache_writers.indexer_k[cr={ratio}]",
-                kernel=_INDEXER,
-                signature={
+            KernelSpec.from_jit(
+                f"cache_writers.indexer_k[cr={ratio}]",
+                _INDEXER,
+                pointers={
                     "k_pre_ptr": "*bf16",
-                    "k_pre_stride": "i32",
                     "positions_ptr": "*i64",
                     "weight_ptr": "*bf16",
-                    "eps": "fp32",
                     "cos_sin_ptr": "*fp32",
-                    "cos_sin_stride": "i32",
                     "cache_ptr": "*u8",
-                    "page_stride": "i32",
                     "slot_mapping_ptr": "*i64",
-                    "block_size": "i32",
                 },
+                scalars={"eps": "fp32"},
                 constexprs={"COMPRESS_RATIO": ratio},
                 num_warps=idx.num_warps,
                 num_stages=idx.num_stages,
@@ -125,19 +121,15 @@ def ampere_kernel_specs() -> list[KernelSpec]:
             )
         )
         specs.append(
-            KernelSpec(
-                label=f"cache_writers.compressed_kv[cr={ratio}]",
-                kernel=_V4,
-                signature={
+            KernelSpec.from_jit(
+                f"cache_writers.compressed_kv[cr={ratio}]",
+                _V4,
+                pointers={
                     "latent_ptr": "*bf16",
-                    "latent_stride": "i32",
                     "positions_ptr": "*i64",
                     "cos_sin_ptr": "*fp32",
-                    "cos_sin_stride": "i32",
                     "cache_ptr": "*u8",
-                    "page_stride": "i32",
                     "slot_mapping_ptr": "*i64",
-                    "block_size": "i32",
                 },
                 constexprs={"COMPRESS_RATIO": ratio},
                 num_warps=v4.num_warps,
@@ -152,20 +144,15 @@ def ampere_kernel_specs() -> list[KernelSpec]:
         )
         for store_fp8 in (False, True):
             specs.append(
-                KernelSpec(
-                    label=f"cache_writers.plain_rows[cr={ratio},fp8={int(store_fp8)}]",
-                    kernel=_PLAIN,
-                    signature={
+                KernelSpec.from_jit(
+                    f"cache_writers.plain_rows[cr={ratio},fp8={int(store_fp8)}]",
+                    _PLAIN,
+                    pointers={
                         "latent_ptr": "*bf16",
-                        "latent_stride": "i32",
                         "positions_ptr": "*i64",
                         "cos_sin_ptr": "*fp32",
-                        "cos_sin_stride": "i32",
                         "cache_ptr": "*u8" if store_fp8 else "*i16",
-                        "page_stride": "i32",
-                        "row_stride": "i32",
                         "slot_mapping_ptr": "*i64",
-                        "block_size": "i32",
                         "fp8_scale_ptr": "*fp32",
                     },
                     constexprs={"COMPRESS_RATIO": ratio, "STORE_FP8": store_fp8},

@@ -262,20 +262,16 @@ def ampere_kernel_specs() -> list[KernelSpec]:
         label = f"engram.lookup[lh={local_heads},hs={head_start}"
         label += ",sorted" * sorted_ + ",packed" * packed + ",peer" * bool(peer_rows) + "]"
         specs.append(
-            KernelSpec(
-                label=label,
-                kernel=f"{_MODULE}:engram_lookup_u8_kernel",
-                signature={
+            KernelSpec.from_jit(
+                label,
+                f"{_MODULE}:engram_lookup_u8_kernel",
+                # Pointer names follow vLLM's lookup kernel (no _ptr suffix).
+                pointers={
                     "weight": "*i64" if peer_rows else "*u8",
                     "scales": "*u8",
                     "ids": "*i32",
                     "sorted_dst": "*i32",
                     "out": "*u8" if packed else "*bf16",
-                    "vocab_start": "i32",
-                    "vocab_end": "i32",
-                    "num_rows": "i32",
-                    "ids_stride_t": "i32",
-                    "out_stride": "i32",
                 },
                 constexprs={
                     "ids_stride_h": 1,

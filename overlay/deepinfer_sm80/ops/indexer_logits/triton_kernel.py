@@ -467,25 +467,17 @@ def ampere_kernel_specs() -> list[KernelSpec]:
     pc = prefill.constexpr_dict()
     for heads in SHIPPED_HEADS:
         specs.append(
-            KernelSpec(
-                label=f"indexer_logits.prefill[h={heads}]",
-                kernel=f"{_MODULE}:mqa_logits_prefill_kernel",
-                signature={
+            KernelSpec.from_jit(
+                f"indexer_logits.prefill[h={heads}]",
+                f"{_MODULE}:mqa_logits_prefill_kernel",
+                pointers={
                     "q_ptr": "*u8",
-                    "q_stride_m": "i32",
-                    "q_stride_h": "i32",
                     "k_ptr": "*u8",
-                    "k_stride": "i32",
                     "k_scale_ptr": "*fp32",
                     "w_ptr": "*fp32",
-                    "w_stride": "i32",
                     "ks_ptr": "*i32",
                     "ke_ptr": "*i32",
                     "out_ptr": "*fp32",
-                    "out_stride": "i32",
-                    "num_rows": "i32",
-                    "num_keys": "i32",
-                    "width": "i32",
                 },
                 constexprs={
                     "HEADS": heads,
@@ -503,27 +495,16 @@ def ampere_kernel_specs() -> list[KernelSpec]:
             cfg = _decode_config(next_n, heads)
             for per_row in (False, True):
                 specs.append(
-                    KernelSpec(
-                        label=f"indexer_logits.decode[h={heads},n={next_n},row_lens={int(per_row)}]",
-                        kernel=f"{_MODULE}:paged_mqa_logits_kernel",
-                        signature={
+                    KernelSpec.from_jit(
+                        f"indexer_logits.decode[h={heads},n={next_n},row_lens={int(per_row)}]",
+                        f"{_MODULE}:paged_mqa_logits_kernel",
+                        pointers={
                             "q_ptr": "*u8",
-                            "q_stride_b": "i32",
-                            "q_stride_n": "i32",
-                            "q_stride_h": "i32",
                             "cache_ptr": "*u8",
-                            "page_stride": "i32",
                             "w_ptr": "*fp32",
-                            "w_stride": "i32",
                             "lens_ptr": "*i32",
-                            "lens_stride_b": "i32",
                             "table_ptr": "*i32",
-                            "table_stride_b": "i32",
-                            "num_pages": "i32",
                             "out_ptr": "*fp32",
-                            "out_stride": "i32",
-                            "block_size": "i32",
-                            "width": "i32",
                         },
                         constexprs={
                             "lens_stride_n": 1,

@@ -269,27 +269,18 @@ def ampere_kernel_specs() -> list[KernelSpec]:
     """
     cfg = kernel_config("indexer_q.rope_quant")
     return [
-        KernelSpec(
-            label=f"indexer_q.rope_quant[w={w_type}]",
-            kernel=f"{_MODULE}:indexer_q_rope_quant_kernel",
-            signature={
+        KernelSpec.from_jit(
+            f"indexer_q.rope_quant[w={w_type}]",
+            f"{_MODULE}:indexer_q_rope_quant_kernel",
+            pointers={
                 "positions_ptr": "*i64",
                 "q_ptr": "*bf16",
-                "q_stride0": "i32",
-                "q_stride1": "i32",
                 "cos_sin_ptr": "*fp32",
-                "cos_sin_stride": "i32",
                 "q_fp8_ptr": "*u8",
-                "q_fp8_stride0": "i32",
-                "q_fp8_stride1": "i32",
                 "weights_ptr": w_type,
-                "weights_stride": "i32",
                 "weights_out_ptr": "*fp32",
-                "weights_out_stride": "i32",
-                "softmax_scale": "fp32",
-                "head_scale": "fp32",
-                "num_heads": "i32",
             },
+            scalars={"softmax_scale": "fp32", "head_scale": "fp32"},
             constexprs={
                 "NOPE_DIM": 64,
                 "NOPE_BLOCK": 64,

@@ -347,24 +347,15 @@ def ampere_kernel_specs() -> list[KernelSpec]:
         ("fp8-ue8m0-packed", True, True, 32, "*u8", "*i32"),
     )
     return [
-        KernelSpec(
-            label=f"inv_rope.fused[{label}]",
-            kernel=f"{_MODULE}:inv_rope_fp8_quant_kernel",
-            signature={
+        KernelSpec.from_jit(
+            f"inv_rope.fused[{label}]",
+            f"{_MODULE}:inv_rope_fp8_quant_kernel",
+            pointers={
                 "o_ptr": "*bf16",
-                "o_stride_token": "i32",
-                "o_stride_head": "i32",
                 "positions_ptr": "*i64",
                 "cos_sin_ptr": "*fp32",
-                "cos_sin_stride": "i32",
                 "out_ptr": out_type,
-                "out_stride_group": "i32",
-                "out_stride_token": "i32",
                 "scale_ptr": scale_type,
-                "scale_stride_group": "i32",
-                "scale_stride_k": "i32",
-                "num_tokens": "i32",
-                "num_heads": "i32",
             },
             constexprs={
                 "HEADS_PER_GROUP": 8,

@@ -327,20 +327,15 @@ def ampere_kernel_specs() -> list[KernelSpec]:
     for block_size in (32, 64, 128, 256):
         for has_gather_lens in (False, True):
             specs.append(
-                KernelSpec(
-                    label=f"kv_cache.gather[bs={block_size},gl={int(has_gather_lens)}]",
-                    kernel=f"{_MODULE}:kv_gather_v4_kernel",
-                    signature={
+                KernelSpec.from_jit(
+                    f"kv_cache.gather[bs={block_size},gl={int(has_gather_lens)}]",
+                    f"{_MODULE}:kv_gather_v4_kernel",
+                    pointers={
                         "out_ptr": "*bf16",
-                        "out_stride0": "i32",
-                        "out_stride1": "i32",
                         "cache_ptr": "*u8",
-                        "page_stride": "i32",
                         "seq_lens_ptr": "*i32",
                         "gather_lens_ptr": "*i32",
                         "block_table_ptr": "*i32",
-                        "block_table_stride": "i32",
-                        "offset": "i32",
                     },
                     constexprs={
                         "out_stride2": 1,
@@ -354,16 +349,10 @@ def ampere_kernel_specs() -> list[KernelSpec]:
                 )
             )
         specs.append(
-            KernelSpec(
-                label=f"kv_cache.insert[bs={block_size}]",
-                kernel=f"{_MODULE}:kv_insert_v4_kernel",
-                signature={
-                    "k_ptr": "*bf16",
-                    "k_stride0": "i32",
-                    "slot_mapping_ptr": "*i64",
-                    "cache_ptr": "*u8",
-                    "page_stride": "i32",
-                },
+            KernelSpec.from_jit(
+                f"kv_cache.insert[bs={block_size}]",
+                f"{_MODULE}:kv_insert_v4_kernel",
+                pointers={"k_ptr": "*bf16", "slot_mapping_ptr": "*i64", "cache_ptr": "*u8"},
                 constexprs={"BLOCK_SIZE": block_size},
                 num_warps=insert.num_warps,
                 num_stages=insert.num_stages,

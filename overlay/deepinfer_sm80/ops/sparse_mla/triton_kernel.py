@@ -936,65 +936,64 @@ def _launch(
 
 _MODULE = "deepinfer_sm80.ops.sparse_mla.triton_kernel"
 
-_FWD_SIGNATURE = {
-    "q_ptr": "*bf16", "q_stride_t": "i32", "q_stride_h": "i32",
-    "out_ptr": "*bf16", "out_stride_t": "i32", "out_stride_h": "i32",
-    "lse_ptr": "*fp32", "lse_stride_t": "i32", "maxl_ptr": "*fp32",
-    "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
-    "main_ptr": "*u8", "main_stride": "i32", "main_rows": "i32",
-    "main_idx_ptr": "*i32", "main_idx_stride": "i32", "main_len_ptr": "*i32",
-    "extra_ptr": "*u8", "extra_stride": "i32", "extra_rows": "i32",
-    "extra_idx_ptr": "*i32", "extra_idx_stride": "i32", "extra_len_ptr": "*i32",
-    "sink_ptr": "*fp32", "scale_log2": "fp32", "num_heads": "i32", "num_tokens": "i32",
-}  # fmt: skip
-_FWD_DIVISIBLE = (
-    "q_stride_t",
-    "q_stride_h",
-    "out_stride_t",
-    "out_stride_h",
-    "main_stride",
-    "extra_stride",
-    "main_idx_stride",
-    "extra_idx_stride",
-)
-
-
-def _fwd_spec(label, cfg_name, *, fp8, main_width, extra_width, block_size, rows_per_split):
-    cfg = kernel_config(cfg_name)
-    sig = dict(_FWD_SIGNATURE)
-    if not fp8:
-        sig["main_ptr"] = "*bf16"
-    splits = max(1, math.ceil((main_width + extra_width) / rows_per_split))
-    return KernelSpec(
-        label=label,
-        kernel=f"{_MODULE}:sparse_mla_fwd_kernel",
-        signature=sig,
-        constexprs={
-            "MAIN_WIDTH": main_width,
-            "EXTRA_WIDTH": extra_width,
-            "MAIN_BLOCK_SIZE": block_size,
-            "EXTRA_BLOCK_SIZE": block_size // 2 or 1,
-            "KV_FP8": fp8,
-            "HAS_EXTRA": extra_width > 0,
-            "HAS_LEN": True,
-            "HAS_SINK": True,
-            "STORE_MAX": not fp8,
-            "ROWS_PER_SPLIT": rows_per_split,
-            "MAX_SPLITS": splits,
-            "BLOCK_H": cfg.constexpr_dict()["BLOCK_H"],
-            "BLOCK_N": cfg.constexpr_dict()["BLOCK_N"],
-            "PREFETCH": bool(cfg.constexpr_dict()["PREFETCH"]),
-        },
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        maxnreg=cfg.maxnreg,
-        min_ctas_per_sm=2,
-        ints_divisible_by_16=_FWD_DIVISIBLE,
-    )
-
 
 def ampere_kernel_specs() -> list[KernelSpec]:
     """Shipped configs at DeepSeek-V4.1 widths: SWA 128 (+ DSpark 192), Top-K 512."""
+
+    def _fwd_spec(label, cfg_name, *, fp8, main_width, extra_width, block_size, rows_per_split):
+        cfg = kernel_config(cfg_name)
+        splits = max(1, math.ceil((main_width + extra_width) / rows_per_split))
+        return KernelSpec.from_jit(
+            label,
+            f"{_MODULE}:sparse_mla_fwd_kernel",
+            pointers={
+                "q_ptr": "*bf16",
+                "out_ptr": "*bf16",
+                "lse_ptr": "*fp32",
+                "maxl_ptr": "*fp32",
+                "part_acc_ptr": "*fp32",
+                "part_ml_ptr": "*fp32",
+                "main_ptr": "*u8" if fp8 else "*bf16",
+                "main_idx_ptr": "*i32",
+                "main_len_ptr": "*i32",
+                "extra_ptr": "*u8",
+                "extra_idx_ptr": "*i32",
+                "extra_len_ptr": "*i32",
+                "sink_ptr": "*fp32",
+            },
+            scalars={"scale_log2": "fp32"},
+            constexprs={
+                "MAIN_WIDTH": main_width,
+                "EXTRA_WIDTH": extra_width,
+                "MAIN_BLOCK_SIZE": block_size,
+                "EXTRA_BLOCK_SIZE": block_size // 2 or 1,
+                "KV_FP8": fp8,
+                "HAS_EXTRA": extra_width > 0,
+                "HAS_LEN": True,
+                "HAS_SINK": True,
+                "STORE_MAX": not fp8,
+                "ROWS_PER_SPLIT": rows_per_split,
+                "MAX_SPLITS": splits,
+                "BLOCK_H": cfg.constexpr_dict()["BLOCK_H"],
+                "BLOCK_N": cfg.constexpr_dict()["BLOCK_N"],
+                "PREFETCH": bool(cfg.constexpr_dict()["PREFETCH"]),
+            },
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+            maxnreg=cfg.maxnreg,
+            min_ctas_per_sm=2,
+            ints_divisible_by_16=(
+                "q_stride_t",
+                "q_stride_h",
+                "out_stride_t",
+                "out_stride_h",
+                "main_stride",
+                "extra_stride",
+                "main_idx_stride",
+                "extra_idx_stride",
+            ),
+        )
+
     rps = kernel_config("sparse_mla.decode").constexpr_dict()["ROWS_PER_SPLIT"]
     # The reduction merges the Triton decode's partials, and the TileLang decode's when
     # tilelang_decode.MERGE_SPLITS is off: one spec per split size.
@@ -1045,21 +1044,17 @@ def ampere_kernel_specs() -> list[KernelSpec]:
     red = kernel_config("sparse_mla.reduce")
     for r in reduce_rps:
         specs.append(
-            KernelSpec(
-                label="sparse_mla.reduce[640]" + ("" if r == rps else f"[r{r}]"),
-                kernel=f"{_MODULE}:sparse_mla_reduce_kernel",
-                signature={
+            KernelSpec.from_jit(
+                "sparse_mla.reduce[640]" + ("" if r == rps else f"[r{r}]"),
+                f"{_MODULE}:sparse_mla_reduce_kernel",
+                pointers={
                     "out_ptr": "*bf16",
-                    "out_stride_t": "i32",
-                    "out_stride_h": "i32",
                     "lse_ptr": "*fp32",
-                    "lse_stride_t": "i32",
                     "part_acc_ptr": "*fp32",
                     "part_ml_ptr": "*fp32",
                     "main_len_ptr": "*i32",
                     "extra_len_ptr": "*i32",
                     "sink_ptr": "*fp32",
-                    "num_heads": "i32",
                 },
                 constexprs={
                     "MAIN_WIDTH": 128,

@@ -308,22 +308,16 @@ def ampere_kernel_specs() -> list[KernelSpec]:
     for ratio, topk in ((0, 0), (1, 512), (2, 512)):
         width = combined_width(topk, 128)
         specs.append(
-            KernelSpec(
-                label=f"topk_swa.combine[ratio={ratio},topk={topk}]",
-                kernel=f"{_MODULE}:combine_topk_swa_kernel",
-                signature={
+            KernelSpec.from_jit(
+                f"topk_swa.combine[ratio={ratio},topk={topk}]",
+                f"{_MODULE}:combine_topk_swa_kernel",
+                pointers={
                     "combined_ptr": "*i32",
-                    "combined_stride": "i32",
                     "lens_ptr": "*i32",
                     "topk_ptr": "*i32",
-                    "topk_stride": "i32",
                     "query_start_loc_ptr": "*i32",
                     "seq_lens_ptr": "*i32",
                     "gather_lens_ptr": "*i32",
-                    "num_tokens": "i32",
-                    "num_reqs": "i32",
-                    "M": "i32",
-                    "N": "i32",
                 },
                 constexprs={
                     "TOP_K": topk,
@@ -339,18 +333,15 @@ def ampere_kernel_specs() -> list[KernelSpec]:
         )
     for block_size in (32, 64):
         specs.append(
-            KernelSpec(
-                label=f"topk_swa.global_topk[bs={block_size}]",
-                kernel=f"{_MODULE}:global_topk_slots_kernel",
-                signature={
+            KernelSpec.from_jit(
+                f"topk_swa.global_topk[bs={block_size}]",
+                f"{_MODULE}:global_topk_slots_kernel",
+                pointers={
                     "slots_ptr": "*i32",
-                    "slots_stride": "i32",
                     "lens_ptr": "*i32",
                     "topk_ptr": "*i32",
-                    "topk_stride": "i32",
                     "token_to_req_ptr": "*i32",
                     "block_table_ptr": "*i32",
-                    "block_table_stride": "i32",
                     "is_valid_token_ptr": "*i1",
                 },
                 constexprs={"WIDTH": 512, "BLOCK_SIZE": block_size, "BLOCK_W": 512},

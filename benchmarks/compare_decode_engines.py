@@ -20,7 +20,7 @@ import torch
 from benchmarks.microbench_sm80_kernels import build_registry
 from benchmarks.runner import CudaTimer, device_info, restored_env
 from deepinfer_sm80 import arch
-from deepinfer_sm80.ops.sparse_mla.triton_kernel import DECODE_ENGINE_ENV
+from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
 
 CONFIG = "sparse_mla.decode_tilelang"
 DEFAULT_VARIANTS = (

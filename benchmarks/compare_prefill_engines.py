@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from benchmarks.runner import CudaTimer, device_info, restored_env
-    from deepinfer_sm80.ops.sparse_mla.triton_kernel import PREFILL_ENGINE_ENV, sparse_mla_prefill
+    from deepinfer_sm80.ops.sparse_mla import sparse_mla_prefill
+    from deepinfer_sm80.ops.sparse_mla.engine import PREFILL_ENGINE_ENV
 
     if not torch.cuda.is_available():
         raise SystemExit("compare_prefill_engines: needs a CUDA GPU")

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.microbench_sm80_kernels import build_registry
     from benchmarks.runner import device_info
     from deepinfer_sm80.ops.sparse_mla import tilelang_decode
-    from deepinfer_sm80.ops.sparse_mla.triton_kernel import DECODE_ENGINE_ENV
+    from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
 
     if not torch.cuda.is_available():
         raise SystemExit("profile_decode_phases: needs a CUDA GPU")

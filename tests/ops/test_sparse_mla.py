@@ -10,6 +10,7 @@ import torch
 
 from deepinfer_sm80 import arch
 from deepinfer_sm80.ops.kv_cache import quantize_and_insert_k_cache
+from deepinfer_sm80.ops.sparse_mla import engine as mla_engine
 from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill, tilelang_decode
 from deepinfer_sm80.ops.sparse_mla import triton_kernel as mla_kernels
 from deepinfer_sm80.ops.sparse_mla.ref import (
@@ -31,7 +32,7 @@ def engine(request, device, monkeypatch):
     on a CUDA GPU only -- on CPU its check is the sm_80/sm_86 fit (test_tilelang_decode_fits)."""
     if request.param == "tilelang" and device.type != "cuda":
         pytest.skip("the TileLang decode runs only on a CUDA GPU")
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, request.param)
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, request.param)
     return request.param
 
 
@@ -41,7 +42,7 @@ def prefill_engine(request, device, monkeypatch):
     (decode_sm80.cuh) on a CUDA GPU only."""
     if request.param == "tilelang" and device.type != "cuda":
         pytest.skip("the TileLang prefill runs only on a CUDA GPU")
-    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, request.param)
+    monkeypatch.setenv(mla_engine.PREFILL_ENGINE_ENV, request.param)
     return request.param
 
 
@@ -306,7 +307,7 @@ def test_decode_extreme_scales_and_subnormal_codes(
     split modes: throughput runs the 640-row builds (the narrow kernel's register path)."""
     if splits == "throughput" and engine == "triton":
         pytest.skip("throughput splits are the TileLang kernels'")
-    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, splits)
+    monkeypatch.setenv(mla_engine.DECODE_SPLITS_ENV, splits)
     case = make_decode_case(
         2,
         64,
@@ -393,7 +394,7 @@ def test_tilelang_in_kernel_merge_against_the_reduction(device, monkeypatch, hea
     reduction launch when merging, the same result up to rounding (both fold in split
     order), deterministic, and the arrival counters back at zero after every call.
     Tokens with 4, 3, 2 and 1 splits and none; then 40 splits (ten fold steps)."""
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     counter = _LaunchCounter(mla_kernels.sparse_mla_reduce_kernel)
     monkeypatch.setattr(mla_kernels, "sparse_mla_reduce_kernel", counter)
     case = make_decode_case(
@@ -450,7 +451,7 @@ def test_split_counters_grow_and_keep_old_buffers_alive(monkeypatch):
 def test_tilelang_merge_counters_allocated_inside_a_capture(device, monkeypatch, caplog):
     """No counters reserved before a CUDA-graph capture: that graph gets its own buffer,
     zeroed at the start of each replay, with a warning; replays stay correct."""
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     case = make_decode_case(4, 64, seed=43, device=device)
     out = torch.empty_like(case.q)
     case.run(8, out=out)  # compile outside the capture
@@ -549,17 +550,17 @@ def test_decode_split_mode_choice(monkeypatch, caplog):
     index rows that fit one split and the Triton kernel (with a warning) as they are;
     anything else is refused, naming the variable."""
     rps = arch.KERNEL_CONFIGS["sparse_mla.decode_tilelang"].constexpr_dict()["ROWS_PER_SPLIT"]
-    choose = mla_kernels.decode_rows_per_split
-    monkeypatch.setattr(mla_kernels, "_warned", set())  # warn-once state of earlier tests
-    monkeypatch.delenv(mla_kernels.DECODE_SPLITS_ENV, raising=False)
+    choose = mla_engine.decode_rows_per_split
+    monkeypatch.setattr(mla_engine, "_warned", set())  # warn-once state of earlier tests
+    monkeypatch.delenv(mla_engine.DECODE_SPLITS_ENV, raising=False)
     assert choose("tilelang", 8, 640) == rps == 192
-    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "Throughput ")
+    monkeypatch.setenv(mla_engine.DECODE_SPLITS_ENV, "Throughput ")
     assert all(choose("tilelang", h, 640) == 640 for h in (5, 8, 16, 32, 64))
     assert choose("tilelang", 8, DSPARK_WIDTH) == rps  # one split already: same variant
     with caplog.at_level("WARNING", logger="deepinfer_sm80.sparse_mla"):
         assert choose("triton", 8, 640) == 128
     assert "throughput applies to the TileLang kernels" in caplog.text
-    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "fast")
+    monkeypatch.setenv(mla_engine.DECODE_SPLITS_ENV, "fast")
     with pytest.raises(ValueError, match=r"DECODE_SPLITS='fast': expected one of latency, thr"):
         choose("tilelang", 8, 640)
     # the throughput variants are shipped (warmup and the image's AOT step build them),
@@ -579,7 +580,7 @@ def test_deploy_names_the_split_variable_the_kernels_read():
     pytest.importorskip("pydantic")  # deploy's schema; the GPU machines run without it
     from deepinfer_sm80.deploy import topology
 
-    assert topology.DECODE_SPLITS_ENV == mla_kernels.DECODE_SPLITS_ENV
+    assert topology.DECODE_SPLITS_ENV == mla_engine.DECODE_SPLITS_ENV
 
 
 @pytest.mark.gpu
@@ -593,7 +594,7 @@ def test_narrow_register_path_matches_the_slices_path(device, monkeypatch, heads
     the test GPU allows it, Ampere would not, so it never ships.)"""
     from deepinfer_sm80.tilelang_build import forget_compiled
 
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     _with_rows_per_split(monkeypatch, rows)
     case = make_decode_case(
         5,
@@ -628,8 +629,8 @@ def test_decode_throughput_splits(device, monkeypatch, heads):
     """Throughput mode on the TileLang kernels (wide, and narrow for 8 heads or fewer):
     one split per token (no partials), within the budget against the fp64 reference,
     bit-identical alone and in a batch."""
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
-    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "throughput")
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setenv(mla_engine.DECODE_SPLITS_ENV, "throughput")
     launched = []
     launch = tilelang_decode.launch
     monkeypatch.setattr(
@@ -933,52 +934,52 @@ def test_decode_engine_choice(monkeypatch, caplog):
     no interpreter), else Triton -- with a warning when a GPU falls back; a forced engine
     that cannot run, or an unknown name, is refused with the variable and the reason."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.delenv(mla_kernels.DECODE_ENGINE_ENV, raising=False)
-    assert mla_kernels.decode_engine(cpu) == "triton"
-    monkeypatch.setattr(mla_kernels, "INTERPRETING", False)
+    monkeypatch.delenv(mla_engine.DECODE_ENGINE_ENV, raising=False)
+    assert mla_engine.decode_engine(cpu) == "triton"
+    monkeypatch.setattr(mla_engine, "INTERPRETING", False)
     capability = {"cc": (8, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability["cc"])
-    assert mla_kernels.decode_engine(cuda) == "tilelang"
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "triton")
-    assert mla_kernels.decode_engine(cuda) == "triton"
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    assert mla_engine.decode_engine(cuda) == "tilelang"
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "triton")
+    assert mla_engine.decode_engine(cuda) == "triton"
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     with pytest.raises(ValueError, match=r"=tilelang: it needs a CUDA device .*choose triton"):
-        mla_kernels.decode_engine(cpu)
+        mla_engine.decode_engine(cpu)
     capability["cc"] = (7, 5)
     with pytest.raises(ValueError, match=r"compute capability 8\.0 or newer \(this GPU is 7\.5\)"):
-        mla_kernels.decode_engine(cuda)
-    monkeypatch.delenv(mla_kernels.DECODE_ENGINE_ENV)
+        mla_engine.decode_engine(cuda)
+    monkeypatch.delenv(mla_engine.DECODE_ENGINE_ENV)
     with caplog.at_level("WARNING", logger="deepinfer_sm80.sparse_mla"):
-        assert mla_kernels.decode_engine(cuda) == "triton"
+        assert mla_engine.decode_engine(cuda) == "triton"
     assert "runs the Triton kernel: it needs compute capability 8.0" in caplog.text
     capability["cc"] = (8, 6)
-    monkeypatch.setattr(mla_kernels.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.delitem(mla_kernels.sys.modules, "tilelang", raising=False)
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setattr(mla_engine.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delitem(mla_engine.sys.modules, "tilelang", raising=False)
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     with pytest.raises(ValueError, match="TileLang is not installed"):
-        mla_kernels.decode_engine(cuda)
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "flashmla")
+        mla_engine.decode_engine(cuda)
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "flashmla")
     with pytest.raises(ValueError, match="expected one of auto, tilelang, triton"):
-        mla_kernels.decode_engine(cuda)
+        mla_engine.decode_engine(cuda)
 
 
 def test_prefill_engine_choice(monkeypatch):
     """DEEPINFER_SPARSE_MLA_PREFILL follows the decode switch's rules, on its own."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.delenv(mla_kernels.PREFILL_ENGINE_ENV, raising=False)
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "triton")
-    assert mla_kernels.prefill_engine(cpu) == "triton"
-    monkeypatch.setattr(mla_kernels, "INTERPRETING", False)
+    monkeypatch.delenv(mla_engine.PREFILL_ENGINE_ENV, raising=False)
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "triton")
+    assert mla_engine.prefill_engine(cpu) == "triton"
+    monkeypatch.setattr(mla_engine, "INTERPRETING", False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 6))
-    assert mla_kernels.prefill_engine(cuda) == "tilelang"  # not the decode's choice
-    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, "triton")
-    assert mla_kernels.prefill_engine(cuda) == "triton"
-    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, "tilelang")
+    assert mla_engine.prefill_engine(cuda) == "tilelang"  # not the decode's choice
+    monkeypatch.setenv(mla_engine.PREFILL_ENGINE_ENV, "triton")
+    assert mla_engine.prefill_engine(cuda) == "triton"
+    monkeypatch.setenv(mla_engine.PREFILL_ENGINE_ENV, "tilelang")
     with pytest.raises(ValueError, match=r"DEEPINFER_SPARSE_MLA_PREFILL=tilelang: it needs"):
-        mla_kernels.prefill_engine(cpu)
-    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, "cutlass")
+        mla_engine.prefill_engine(cpu)
+    monkeypatch.setenv(mla_engine.PREFILL_ENGINE_ENV, "cutlass")
     with pytest.raises(ValueError, match=r"PREFILL='cutlass': expected one of auto"):
-        mla_kernels.prefill_engine(cuda)
+        mla_engine.prefill_engine(cuda)
 
 
 def test_tilelang_prefill_variant_and_refusals():

@@ -64,7 +64,7 @@ def test_mhc_warmup_gets_the_servers_sizes_model_constants_and_aot_folder(monkey
 
 def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypatch):
     from deepinfer_sm80.ops.mhc import warmup as mhc_warmup
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode, triton_kernel
+    from deepinfer_sm80.ops.sparse_mla import engine, tilelang_decode
     from deepinfer_sm80.vllm_plugin import warmup
 
     monkeypatch.setattr(mhc_warmup, "prepare_mhc_kernels", lambda *a, **k: [{"variant": "m"}])
@@ -82,13 +82,13 @@ def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypat
     monkeypatch.setenv("DEEPINFER_AOT_DIR", "/opt/kernels")
     # This machine (CPU, interpreter): the Triton decode runs, nothing to compile.
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}]
-    monkeypatch.setattr(triton_kernel, "decode_engine", lambda device: "tilelang")
+    monkeypatch.setattr(engine, "decode_engine", lambda device: "tilelang")
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}, {"variant": "d"}]
     assert str(seen["aot_dir"]) == "/opt/kernels/sparse_mla"
     # The in-kernel split merge's counters, sized for the largest batch before any capture.
     assert reserved == [("cpu", _runner().scheduler_config.max_num_batched_tokens)]
     # TileLang prefill alone (decode forced to Triton): its kernels compile, no counters.
-    monkeypatch.setattr(triton_kernel, "decode_engine", lambda device: "triton")
-    monkeypatch.setattr(triton_kernel, "prefill_engine", lambda device: "tilelang")
+    monkeypatch.setattr(engine, "decode_engine", lambda device: "triton")
+    monkeypatch.setattr(engine, "prefill_engine", lambda device: "tilelang")
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}, {"variant": "d"}]
     assert len(reserved) == 1

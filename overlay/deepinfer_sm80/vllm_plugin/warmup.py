@@ -58,7 +58,7 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
     import torch
 
     from deepinfer_sm80.ops.sparse_mla import tilelang_decode
-    from deepinfer_sm80.ops.sparse_mla.triton_kernel import decode_engine, prefill_engine
+    from deepinfer_sm80.ops.sparse_mla.engine import decode_engine, prefill_engine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     decode = decode_engine(device)

@@ -278,7 +278,7 @@ def shipped_variants() -> list[DecodeVariant]:
     prefill: the two index widths of the bf16 workspace. vLLM always passes the lengths
     and the sink. Decode's split size and prefetch depth are arch.py's; both kernels also
     ship the throughput split size for the widths past ROWS_PER_SPLIT
-    (``triton_kernel.decode_rows_per_split``)."""
+    (``engine.decode_rows_per_split``)."""
     cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
     rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
     widths = ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
@@ -480,7 +480,7 @@ def launch(
     part_ml,
     counters=None,
 ) -> None:
-    """Run the decode kernel on tensors the wrapper (``triton_kernel.sparse_mla_decode``)
+    """Run the decode kernel on tensors the wrapper (``ops.sparse_mla_decode``)
     has validated: all on q's device, caches ``[blocks, bs, 584]`` uint8 with
     16-byte-aligned pages, index rows ``[T, W]`` int32 with unit stride, contiguous
     lengths and sink, ``lse`` a fresh contiguous ``[T, Hp]`` f32. ``part_acc``/``part_ml``
@@ -539,7 +539,7 @@ def launch(
 def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2: float, heads):
     """Prefill through the decode kernels over bf16 rows (``DecodeVariant.bf16_rows``; the
     narrow kernel for 8 heads or fewer, as for decode), on
-    tensors ``triton_kernel.sparse_mla_prefill`` has validated: ``kv`` ``[S, 512]`` bf16
+    tensors ``ops.sparse_mla_prefill`` has validated: ``kv`` ``[S, 512]`` bf16
     rows, ``idx`` ``[T, W]`` int32 rows into it, ``lens`` ``[T]`` or None, ``lse`` and
     ``max_logits`` fresh ``[T, H]`` f32. One split per token, no partials. The kernel
     moves rows in 16-byte pieces and q/out as 32-bit pairs: misaligned tensors are refused

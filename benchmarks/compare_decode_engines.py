@@ -55,7 +55,7 @@ def ampere_fit_notes(variants: list[tuple[str, str, dict[str, int]]]) -> list[st
     index width) need more shared memory than a CTA may use on Ampere: the H200 runs
     them, but they are experiments, not configs that could ship."""
     from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES
-    from deepinfer_sm80.ops.sparse_mla.tilelang_decode import DecodeVariant
+    from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import DecodeVariant
 
     base = arch.KERNEL_CONFIGS[CONFIG].constexpr_dict()
     notes = []

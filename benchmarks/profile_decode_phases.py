@@ -146,23 +146,23 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks.microbench_sm80_kernels import build_registry
     from benchmarks.runner import device_info
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
     from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
 
     if not torch.cuda.is_available():
         raise SystemExit("profile_decode_phases: needs a CUDA GPU")
     patched = Path(tempfile.mkdtemp()) / "decode_sm80_phases.cuh"
-    patched.write_text(instrumented_source(tilelang_decode.SOURCE_FILE.read_text()))
-    tilelang_decode.SOURCE_FILE = patched
+    patched.write_text(instrumented_source(tilelang_kernels.SOURCE_FILE.read_text()))
+    tilelang_kernels.SOURCE_FILE = patched
     os.environ[DECODE_ENGINE_ENV] = "tilelang"
     seen = {}
-    launch = tilelang_decode.launch
+    launch = tilelang_kernels.launch
 
     def keep_lse(*a, **k):
         seen["lse"] = a[2]
         return launch(*a, **k)
 
-    tilelang_decode.launch = keep_lse
+    tilelang_kernels.launch = keep_lse
     info = device_info()
     print(
         f"{info['gpu']} | torch {info['torch']} | tilelang {info['tilelang']} | "

@@ -64,7 +64,7 @@ def test_mhc_warmup_gets_the_servers_sizes_model_constants_and_aot_folder(monkey
 
 def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypatch):
     from deepinfer_sm80.ops.mhc import warmup as mhc_warmup
-    from deepinfer_sm80.ops.sparse_mla import engine, tilelang_decode
+    from deepinfer_sm80.ops.sparse_mla import engine, tilelang_kernels
     from deepinfer_sm80.vllm_plugin import warmup
 
     monkeypatch.setattr(mhc_warmup, "prepare_mhc_kernels", lambda *a, **k: [{"variant": "m"}])
@@ -74,10 +74,10 @@ def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypat
         seen["aot_dir"] = aot_dir
         return [{"variant": "d"}]
 
-    monkeypatch.setattr(tilelang_decode, "warmup", fake_warmup)
+    monkeypatch.setattr(tilelang_kernels, "warmup", fake_warmup)
     reserved = []
     monkeypatch.setattr(
-        tilelang_decode, "reserve_split_counters", lambda d, n: reserved.append((d.type, n))
+        tilelang_kernels, "reserve_split_counters", lambda d, n: reserved.append((d.type, n))
     )
     monkeypatch.setenv("DEEPINFER_AOT_DIR", "/opt/kernels")
     # This machine (CPU, interpreter): the Triton decode runs, nothing to compile.

@@ -57,17 +57,17 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
     # CUDA-graph capture or a first request; skipped where the Triton kernels run.
     import torch
 
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
     from deepinfer_sm80.ops.sparse_mla.engine import decode_engine, prefill_engine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     decode = decode_engine(device)
     if "tilelang" in (decode, prefill_engine(device)):
         aot_mla = Path(aot) / "sparse_mla" if aot else None
-        records += tilelang_decode.warmup(log=logger.info, aot_dir=aot_mla)
+        records += tilelang_kernels.warmup(log=logger.info, aot_dir=aot_mla)
     if decode == "tilelang":
         # The in-kernel split merge's counters, sized before vLLM captures CUDA graphs.
-        tilelang_decode.reserve_split_counters(device, max_tokens)
+        tilelang_kernels.reserve_split_counters(device, max_tokens)
     return records
 
 

@@ -1,6 +1,6 @@
 """Which sparse MLA kernels run, and with how many splits: the engine and split policy.
 
-The TileLang kernels (``tilelang_decode.py`` over ``decode_sm80.cuh``) run where they
+The TileLang kernels (``tilelang_kernels.py`` over ``decode_sm80.cuh``) run where they
 can, the Triton kernels (``triton_kernel.py``) elsewhere; ``DEEPINFER_SPARSE_MLA_DECODE``
 and ``DEEPINFER_SPARSE_MLA_PREFILL`` force one. ``DEEPINFER_SPARSE_MLA_DECODE_SPLITS``
 picks the decode split size (``decode_rows_per_split``). All three are read through the

@@ -4,9 +4,9 @@ and launch.
 ``sparse_mla_decode`` takes FlashMLA's sparse fp8 decode arguments (584-byte V4 records),
 ``sparse_mla_prefill`` its sparse prefill over vLLM's bf16 gather workspace. Each picks
 its kernels through ``engine`` (TileLang where it can run, else Triton), allocates the
-split partials a decode launch needs, and launches ``tilelang_decode`` or
+split partials a decode launch needs, and launches ``tilelang_kernels`` or
 ``triton_kernel``; split decodes on the Triton path end with its reduction kernel, the
-TileLang decode merges its splits in the kernel (``tilelang_decode.MERGE_SPLITS``).
+TileLang decode merges its splits in the kernel (``tilelang_kernels.MERGE_SPLITS``).
 """
 
 import math
@@ -16,7 +16,7 @@ import torch
 from deepinfer_sm80.arch import kernel_config
 from deepinfer_sm80.ops._validate import check_paged_records, check_tensor
 from deepinfer_sm80.ops.kv_cache.layout import HEAD_DIM, RECORD_BYTES
-from deepinfer_sm80.ops.sparse_mla import tilelang_decode, triton_kernel
+from deepinfer_sm80.ops.sparse_mla import tilelang_kernels, triton_kernel
 from deepinfer_sm80.ops.sparse_mla.engine import (
     decode_engine,
     decode_rows_per_split,
@@ -236,7 +236,7 @@ def sparse_mla_prefill(
         return out, max_logits, lse
     # Prefill has tokens enough to fill the GPU: one split per token.
     if prefill_engine(q.device) == "tilelang":
-        tilelang_decode.launch_prefill(
+        tilelang_kernels.launch_prefill(
             q, out, lse, max_logits, kv, idx, lens, attn_sink, sm_scale * LOG2E, H
         )
         return out, max_logits, lse
@@ -296,12 +296,12 @@ def _launch(
     merged = False
     if engine == "tilelang":
         counters = None
-        if max_splits > 1 and tilelang_decode.MERGE_SPLITS:
-            counters = tilelang_decode.split_counters(
-                q.device, tilelang_decode.counter_slots(T, heads)
+        if max_splits > 1 and tilelang_kernels.MERGE_SPLITS:
+            counters = tilelang_kernels.split_counters(
+                q.device, tilelang_kernels.counter_slots(T, heads)
             )
             merged = True
-        tilelang_decode.launch(
+        tilelang_kernels.launch(
             q,
             out,
             lse,

@@ -25,7 +25,7 @@ ROWS_PER_SPLIT)`` (``arch.py``), never a function of the batch. A token with one
 writes its final output directly; the reduction kernel runs only when some token can
 have more than one split (``max splits > 1`` from the index widths), and skips tokens
 that had one. The TileLang decode merges its splits in the kernel instead
-(``tilelang_decode.MERGE_SPLITS``). No host sync and no data-dependent allocation: CUDA-graph safe.
+(``tilelang_kernels.MERGE_SPLITS``). No host sync and no data-dependent allocation: CUDA-graph safe.
 """
 
 import math
@@ -37,7 +37,7 @@ from deepinfer_sm80.arch import kernel_config
 from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops._triton_utils import mma
 from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_ue8m0_to_bf16
-from deepinfer_sm80.ops.sparse_mla.tilelang_decode import DSPARK_SWA_WIDTH_K5
+from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import DSPARK_SWA_WIDTH_K5
 
 NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" keeps exp2(m_old - m_new) NaN-free
 

@@ -1,4 +1,4 @@
-"""Sparse MLA decode through TileLang: the warp-per-scale-group kernels of
+"""Sparse MLA decode and prefill through TileLang: the warp-per-scale-group kernels of
 ``decode_sm80.cuh`` (8 warps, each owning 64 of the 512 dims, so a record is decoded
 once per CTA and no warp re-reads the query from shared memory): the wide kernel (16
 heads x 16 rows per tile) and, for 8 heads per rank or fewer, the narrow one (MMAs
@@ -360,13 +360,15 @@ def aot_build(dest: Path, ccs=(80, 86), log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m deepinfer_sm80.ops.sparse_mla.tilelang_decode aot DEST --arches "8.0 8.6"``"""
+    """``python -m deepinfer_sm80.ops.sparse_mla.tilelang_kernels aot DEST --arches "8.0 8.6"``"""
     import argparse
     import sys
 
     from deepinfer_sm80.arch import parse_ampere_arches
 
-    parser = argparse.ArgumentParser(prog="python -m deepinfer_sm80.ops.sparse_mla.tilelang_decode")
+    parser = argparse.ArgumentParser(
+        prog="python -m deepinfer_sm80.ops.sparse_mla.tilelang_kernels"
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("aot", help="compile every shipped decode kernel for Ampere into DEST")
     a.add_argument("dest", type=Path)

@@ -1,4 +1,4 @@
-"""Sparse-MLA decode: the TileLang kernel (decode_sm80.cuh) against the Triton kernel, and
+"""Sparse-MLA decode: the TileLang kernel (attention_sm80.cuh) against the Triton kernel, and
 the TileLang kernel's split size, on every decode case of the kernels suite.
 
 Each call is captured in a CUDA graph and the replays are timed (``runner.CudaTimer``),

@@ -1,4 +1,4 @@
-"""Sparse-MLA prefill: the TileLang kernel (``decode_sm80.cuh``'s wide kernel over bf16
+"""Sparse-MLA prefill: the TileLang kernel (``attention_sm80.cuh``'s wide kernel over bf16
 rows) against the Triton kernel, in one process on one GPU, at every head count per rank
 (TP 8, 4, 2, 1) and the kernels suite's shape (1,024 tokens, 640 index entries).
 

@@ -1,5 +1,5 @@
 """Where a CTA of the narrow sparse-MLA decode kernel (8 heads per rank) spends its time:
-per-CTA phase clocks from an instrumented copy of ``decode_sm80.cuh``.
+per-CTA phase clocks from an instrumented copy of ``attention_sm80.cuh``.
 
 The copy is made at run time: ``instrumented_source`` inserts marks at six anchors of
 ``decode_cta_narrow``, where thread 0 writes the low 32 bits of ``clock64`` (and, at the
@@ -87,7 +87,7 @@ _END_ANCHOR = "lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);\n  }\n}\n"
 
 
 def instrumented_source(source: str) -> str:
-    """``source`` (decode_sm80.cuh) with the narrow kernel's phase marks inserted."""
+    """``source`` (attention_sm80.cuh) with the narrow kernel's phase marks inserted."""
     head = "__device__ __forceinline__ void decode_cta_narrow("
     if source.count(head) != 1:
         raise ValueError("profile_decode_phases: decode_cta_narrow not found once in the source")
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("profile_decode_phases: needs a CUDA GPU")
-    patched = Path(tempfile.mkdtemp()) / "decode_sm80_phases.cuh"
+    patched = Path(tempfile.mkdtemp()) / "attention_sm80_phases.cuh"
     patched.write_text(instrumented_source(tilelang_kernels.SOURCE_FILE.read_text()))
     tilelang_kernels.SOURCE_FILE = patched
     os.environ[DECODE_ENGINE_ENV] = "tilelang"

@@ -103,7 +103,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
         num_stages=1,
         constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 128), ("PREFETCH", 0)),
     ),
-    # The TileLang decode (ops/sparse_mla/decode_sm80.cuh): 8 warps, a fixed tile of 16
+    # The TileLang decode (ops/sparse_mla/attention_sm80.cuh): 8 warps, a fixed tile of 16
     # heads x 16 rows (BLOCK_H/BLOCK_N state it; launch() refuses other values). With 8
     # heads per rank or fewer its narrow kernel runs instead (8 heads x 32 rows, fixed in
     # tilelang_kernels.py; same split policy, PREFETCH 1). Knobs:

@@ -28,7 +28,7 @@ WINDOW, TOPK, DSPARK_WIDTH = 128, 512, 192
 
 @pytest.fixture(params=["triton", "tilelang"])
 def engine(request, device, monkeypatch):
-    """Both decode kernels: the Triton one everywhere, the TileLang one (decode_sm80.cuh)
+    """Both decode kernels: the Triton one everywhere, the TileLang one (attention_sm80.cuh)
     on a CUDA GPU only -- on CPU its check is the sm_80/sm_86 fit
     (test_tilelang_kernels_fit_ampere)."""
     if request.param == "tilelang" and device.type != "cuda":
@@ -40,7 +40,7 @@ def engine(request, device, monkeypatch):
 @pytest.fixture(params=["triton", "tilelang"])
 def prefill_engine(request, device, monkeypatch):
     """Both prefill kernels: Triton everywhere, the TileLang wide kernel over bf16 rows
-    (decode_sm80.cuh) on a CUDA GPU only."""
+    (attention_sm80.cuh) on a CUDA GPU only."""
     if request.param == "tilelang" and device.type != "cuda":
         pytest.skip("the TileLang prefill runs only on a CUDA GPU")
     monkeypatch.setenv(mla_engine.PREFILL_ENGINE_ENV, request.param)
@@ -328,13 +328,13 @@ def test_decode_extreme_scales_and_subnormal_codes(
 
 
 def test_fast_path_raw_decode_and_folded_factors():
-    """decode_sm80.cuh's fast path: sign | magnitude << 4 read as bf16 is the e4m3 value
+    """attention_sm80.cuh's fast path: sign | magnitude << 4 read as bf16 is the e4m3 value
     times 2^-120 for every non-NaN code (subnormals included); exponent field s + 56 is
     2^(s - 71) in fp32 and in bf16 for every scale byte s <= 198; 0x5F80 is 2^64."""
     import re
     from pathlib import Path
 
-    cuh = (Path(mla_kernels.__file__).with_name("decode_sm80.cuh")).read_text()
+    cuh = (Path(mla_kernels.__file__).with_name("attention_sm80.cuh")).read_text()
     assert re.search(r"\(x & 0x80008000u\) \| \(\(x & 0x7F007F00u\) >> 4\)", cuh)
     assert "kFieldOffset = 56" in cuh and "kFastMaxScale = 198" in cuh
     assert "kUnitField = 127" in cuh and "kFullDecodeShift = 64" in cuh
@@ -1040,14 +1040,14 @@ def test_inputs_on_another_device_are_refused(device):
 
 
 def test_the_two_copies_of_the_fp8_decode_ptx_are_the_same():
-    """decode_sm80.cuh carries the packed e4m3 x UE8M0 -> bf16 PTX that ops/fp8 tests
+    """attention_sm80.cuh carries the packed e4m3 x UE8M0 -> bf16 PTX that ops/fp8 tests
     bit-exactly against torch for all 256 bytes x 256 scales; the copies must not drift."""
     import re
     from pathlib import Path
 
     from deepinfer_sm80.ops.fp8 import triton_fp8
 
-    cuh = (Path(mla_kernels.__file__).with_name("decode_sm80.cuh")).read_text()
+    cuh = (Path(mla_kernels.__file__).with_name("attention_sm80.cuh")).read_text()
     body = cuh[cuh.index("e4m3x4_to_bf16x4(") :]
     asm_lines = re.findall(r'"([^"]*)\\n"', body[: body.index(': "=r"(lo)')])
     cuda_ptx = [re.sub(r"%(\d)", r"$\1", line).strip() for line in asm_lines]
@@ -1101,7 +1101,7 @@ def test_tilelang_kernels_aot_build_and_refusal(tmp_path, monkeypatch):
 @pytest.mark.aot
 @pytest.mark.parametrize("kind", ["wide", "narrow", "narrow-register", "prefill", "prefill-narrow"])
 def test_tilelang_kernels_refuse_a_too_small_shared_buffer(monkeypatch, kind):
-    """decode_sm80.cuh's static_assert ties its Smem struct to smem_bytes(), the size
+    """attention_sm80.cuh's static_assert ties its Smem struct to smem_bytes(), the size
     TileLang allocates: a formula that undercounts fails the build instead of overrunning
     shared memory. The shipped size compiles (test_tilelang_kernels_fit_ampere)."""
     from deepinfer_sm80.ops.sparse_mla import tilelang_kernels

@@ -1,6 +1,6 @@
 """Which sparse MLA kernels run, and with how many splits: the engine and split policy.
 
-The TileLang kernels (``tilelang_kernels.py`` over ``decode_sm80.cuh``) run where they
+The TileLang kernels (``tilelang_kernels.py`` over ``attention_sm80.cuh``) run where they
 can, the Triton kernels (``triton_kernel.py``) elsewhere; ``DEEPINFER_SPARSE_MLA_DECODE``
 and ``DEEPINFER_SPARSE_MLA_PREFILL`` force one. ``DEEPINFER_SPARSE_MLA_DECODE_SPLITS``
 picks the decode split size (``decode_rows_per_split``). All three are read through the
@@ -52,7 +52,7 @@ def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
 
 
 def decode_engine(device: torch.device) -> str:
-    """Which decode kernel runs: ``tilelang`` (``decode_sm80.cuh``, one warp per 64-dim
+    """Which decode kernel runs: ``tilelang`` (``attention_sm80.cuh``, one warp per 64-dim
     scale group) where it can (a CUDA device of compute capability 8.0+, TileLang
     installed, no Triton interpreter), else ``triton`` (``triton_kernel.py``'s unified
     kernel).
@@ -63,7 +63,7 @@ def decode_engine(device: torch.device) -> str:
 
 def prefill_engine(device: torch.device) -> str:
     """The same choice for prefill (``DEEPINFER_SPARSE_MLA_PREFILL``): ``tilelang`` runs
-    ``decode_sm80.cuh``'s kernels over the bf16 rows, ``triton`` ``triton_kernel.py``'s."""
+    ``attention_sm80.cuh``'s kernels over the bf16 rows, ``triton`` ``triton_kernel.py``'s."""
     return _engine(device, PREFILL_ENGINE_ENV, "prefill")
 
 

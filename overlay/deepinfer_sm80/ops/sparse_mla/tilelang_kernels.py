@@ -1,5 +1,5 @@
 """Sparse MLA decode and prefill through TileLang: the warp-per-scale-group kernels of
-``decode_sm80.cuh`` (8 warps, each owning 64 of the 512 dims, so a record is decoded
+``attention_sm80.cuh`` (8 warps, each owning 64 of the 512 dims, so a record is decoded
 once per CTA and no warp re-reads the query from shared memory): the wide kernel (16
 heads x 16 rows per tile) and, for 8 heads per rank or fewer, the narrow one (MMAs
 transposed so that n is the 8 heads, 32-row tiles). The head count is fixed per
@@ -41,7 +41,7 @@ ROWS_PER_TILE = 16  # its tile, and the granule of every split
 # transposed so that n = 8 heads, 32-row tiles.
 NARROW_HEADS = 8
 NARROW_ROWS = 32
-SOURCE_FILE = Path(__file__).with_name("decode_sm80.cuh")
+SOURCE_FILE = Path(__file__).with_name("attention_sm80.cuh")
 # Two CTAs per SM on sm_80 and sm_86: 128 registers per thread at most.
 MIN_CTAS_PER_SM = 2
 
@@ -100,7 +100,7 @@ class DecodeVariant:
 
     @property
     def register_pv(self) -> bool:
-        """The narrow kernel's register path for PV (``kRegisterPV`` in decode_sm80.cuh),
+        """The narrow kernel's register path for PV (``kRegisterPV`` in attention_sm80.cuh),
         taken exactly when its slices path would not fit Ampere's 48 KB: long splits'
         row tables. With short splits the register path is 6-13% slower (H200)."""
         return (
@@ -118,7 +118,7 @@ class DecodeVariant:
 
     def smem_bytes(self) -> int:
         """``sizeof(Smem<rows_per_split>)`` (``SmemNarrow`` for the narrow kernel) in
-        decode_sm80.cuh (the kernel's static_assert refuses to compile if this is smaller)."""
+        attention_sm80.cuh (the kernel's static_assert refuses to compile if this is smaller)."""
         return self._smem_bytes(self.register_pv)
 
     def _smem_bytes(self, register_pv: bool) -> int:
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # The last CTA of a split token merges the splits inside the decode kernel
-# (decode_sm80.cuh, last_split_to_arrive): no reduction launch follows. A fixed choice per
+# (attention_sm80.cuh, last_split_to_arrive): no reduction launch follows. A fixed choice per
 # process, so a token's bits never depend on the batch (the merge and the Triton reduction
 # fold in the same order but need not round alike).
 MERGE_SPLITS = True

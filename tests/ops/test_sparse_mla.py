@@ -1075,27 +1075,30 @@ def test_tilelang_kernels_fit_ampere():
 
 @pytest.mark.aot
 def test_tilelang_kernels_aot_build_and_refusal(tmp_path, monkeypatch):
-    """The image's AOT step: a TileLang cache folder and a manifest for both arches; a
+    """The image's AOT step for these kernels (``aot.build_sparse_mla``, part of ``python -m
+    deepinfer_sm80.aot build``): a TileLang cache folder and a manifest for both arches; a
     misfit (here: forced) fails the build with the kernel named."""
     import json
 
     from tilelang.cache import _dispatch_map
 
+    from deepinfer_sm80 import aot
     from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 
     # Kernels this process already compiled would come from TileLang's memory caches and
     # never reach the new folder; the image build is a fresh process.
     for cache in _dispatch_map.values():
         monkeypatch.setattr(cache, "_memory_cache", {})
-    assert tilelang_kernels.main(["aot", str(tmp_path / "ok"), "--arches", "8.0 8.6"]) == 0
+    built = aot.build_sparse_mla(tmp_path / "ok", [80, 86])
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
+    assert manifest == built
     assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 24
+    assert all(k["error"] is None for k in manifest["kernels"])
     assert any((tmp_path / "ok" / "tilelang").rglob("*")), "no TileLang cache entries written"
     # Three CTAs per SM caps registers at 80: the kernel spills (measured: 108 B on sm_80).
     monkeypatch.setattr(tilelang_kernels, "MIN_CTAS_PER_SM", 3)
     with pytest.raises(RuntimeError, match=r"decode_tl\[128\+512[^\n]* on sm_80: spills"):
-        tilelang_kernels.aot_build(tmp_path / "bad", [80])
-    assert tilelang_kernels.main(["aot", str(tmp_path / "x"), "--arches", "9.0"]) == 2
+        aot.build_sparse_mla(tmp_path / "bad", [80])
 
 
 @pytest.mark.aot

@@ -57,7 +57,12 @@ def test_mhc_warmup_gets_the_servers_sizes_model_constants_and_aot_folder(monkey
     assert seen["max_tokens"] == 4096 and seen["aot_dir"] == tmp_path / "mhc"
     assert (seen["model"].rms_norm_eps, seen["model"].hc_eps) == (1e-6, 1e-5)
     assert seen["model"].sinkhorn_iters == 7
+    # A folder that is not there is passed on as it is: seeding skips it
+    # (test_aot.py::test_warm_seeds_only_from_an_aot_folder_that_exists).
     monkeypatch.setenv("DEEPINFER_AOT_DIR", str(tmp_path / "absent"))
+    warmup.warm_overlay_kernels(_runner())
+    assert seen["aot_dir"] == tmp_path / "absent" / "mhc"
+    monkeypatch.delenv("DEEPINFER_AOT_DIR")
     warmup.warm_overlay_kernels(_runner())
     assert seen["aot_dir"] is None
 

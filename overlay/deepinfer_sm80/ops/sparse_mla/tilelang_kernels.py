@@ -24,10 +24,10 @@ it: the Triton interpreter does not apply, so its correctness tests are on the G
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepinfer_sm80 import tilelang_build
 from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES, kernel_config
 from deepinfer_sm80.tilelang_build import get_kernel
 
@@ -314,73 +314,14 @@ def shipped_variants() -> list[DecodeVariant]:
 def fit_reports(ccs=(80, 86)) -> list:
     """``ampere_fit.FitReport`` per shipped variant and architecture (nvcc + ptxas -v
     through ``tilelang_build``, as the mHC kernels are measured)."""
-    from deepinfer_sm80.tilelang_build import fit_report
-
-    return [fit_report(v, cc)[0] for cc in ccs for v in shipped_variants()]
+    return tilelang_build.fit_reports(shipped_variants(), ccs)
 
 
 def warmup(log=print, aot_dir: Path | None = None) -> list[dict]:
     """Compile (or load from TileLang's cache) every shipped variant for this GPU, after
-    copying the image's AOT builds (``aot_dir``, see ``aot_build``) into that cache."""
-    from deepinfer_sm80.tilelang_build import seed_tilelang_cache
-
-    if aot_dir is not None and aot_dir.is_dir():
-        log(f"sparse MLA decode: seeded {seed_tilelang_cache(aot_dir)} TileLang cache files")
-    records = []
-    for variant in shipped_variants():
-        t0 = time.perf_counter()
-        get_kernel(variant)
-        dt = time.perf_counter() - t0
-        records.append({"variant": variant.label, "seconds": dt})
-        log(f"sparse MLA decode kernel {variant.label}: ready in {dt:.2f} s")
-    return records
-
-
-def aot_build(dest: Path, ccs=(80, 86), log=print) -> dict:
-    """Compile every shipped variant for each ``sm_{cc}`` into ``dest/tilelang`` (a
-    TileLang cache folder) and write ``dest/manifest.json``; raise if one misfits Ampere.
-    The image does this at build time, without a GPU, as for the mHC kernels."""
-    import json
-
-    from deepinfer_sm80.ampere_fit import fit_violations
-    from deepinfer_sm80.tilelang_build import MANIFEST, compile_into_cache, forget_compiled
-
-    # Kernels already compiled in this process would be served from memory and never
-    # reach the new cache folder.
-    forget_compiled()
-    reports, rows = compile_into_cache(
-        Path(dest), shipped_variants(), ccs, log, "sparse MLA decode"
-    )
-    manifest = {"arches": [f"sm_{cc}" for cc in ccs], "kernels": rows}
-    (Path(dest) / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    problems = fit_violations(reports)
-    if problems:
-        raise RuntimeError("sparse MLA decode kernels do not fit Ampere:\n" + "\n".join(problems))
-    return manifest
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m deepinfer_sm80.ops.sparse_mla.tilelang_kernels aot DEST --arches "8.0 8.6"``"""
-    import argparse
-    import sys
-
-    from deepinfer_sm80.arch import parse_ampere_arches
-
-    parser = argparse.ArgumentParser(
-        prog="python -m deepinfer_sm80.ops.sparse_mla.tilelang_kernels"
-    )
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("aot", help="compile every shipped decode kernel for Ampere into DEST")
-    a.add_argument("dest", type=Path)
-    a.add_argument("--arches", default="8.0 8.6")
-    args = parser.parse_args(argv)
-    try:
-        manifest = aot_build(args.dest, parse_ampere_arches(args.arches))
-    except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{args.dest}: {len(manifest['kernels'])} kernel builds for {manifest['arches']}")
-    return 0
+    copying the image's AOT builds (``aot_dir``: ``DEEPINFER_AOT_DIR/sparse_mla``, built
+    by ``python -m deepinfer_sm80.aot build``) into that cache."""
+    return tilelang_build.warm(shipped_variants(), "sparse MLA", aot_dir, "auto", log)
 
 
 # The last CTA of a split token merges the splits inside the decode kernel
@@ -598,7 +539,3 @@ def prefill_variant(
     as for decode."""
     rows = max(ROWS_PER_TILE, -(-width // ROWS_PER_TILE) * ROWS_PER_TILE)
     return DecodeVariant(width, 0, has_len, has_sink, rows, 1, narrow, True)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Sparse-MLA decode: the TileLang kernel (decode_sm80.cuh) against the Triton kernel, and
+"""Sparse-MLA decode: the TileLang kernel (attention_sm80.cuh) against the Triton kernel, and
 the TileLang kernel's split size, on every decode case of the kernels suite.
 
 Each call is captured in a CUDA graph and the replays are timed (``runner.CudaTimer``),
@@ -20,7 +20,7 @@ import torch
 from benchmarks.microbench_sm80_kernels import build_registry
 from benchmarks.runner import CudaTimer, device_info, restored_env
 from deepinfer_sm80 import arch
-from deepinfer_sm80.ops.sparse_mla.triton_kernel import DECODE_ENGINE_ENV
+from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
 
 CONFIG = "sparse_mla.decode_tilelang"
 DEFAULT_VARIANTS = (
@@ -55,7 +55,7 @@ def ampere_fit_notes(variants: list[tuple[str, str, dict[str, int]]]) -> list[st
     index width) need more shared memory than a CTA may use on Ampere: the H200 runs
     them, but they are experiments, not configs that could ship."""
     from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES
-    from deepinfer_sm80.ops.sparse_mla.tilelang_decode import DecodeVariant
+    from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import DecodeVariant
 
     base = arch.KERNEL_CONFIGS[CONFIG].constexpr_dict()
     notes = []

@@ -1,4 +1,4 @@
-"""Sparse-MLA prefill: the TileLang kernel (``decode_sm80.cuh``'s wide kernel over bf16
+"""Sparse-MLA prefill: the TileLang kernel (``attention_sm80.cuh``'s wide kernel over bf16
 rows) against the Triton kernel, in one process on one GPU, at every head count per rank
 (TP 8, 4, 2, 1) and the kernels suite's shape (1,024 tokens, 640 index entries).
 
@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from benchmarks.runner import CudaTimer, device_info, restored_env
-    from deepinfer_sm80.ops.sparse_mla.triton_kernel import PREFILL_ENGINE_ENV, sparse_mla_prefill
+    from deepinfer_sm80.ops.sparse_mla import sparse_mla_prefill
+    from deepinfer_sm80.ops.sparse_mla.engine import PREFILL_ENGINE_ENV
 
     if not torch.cuda.is_available():
         raise SystemExit("compare_prefill_engines: needs a CUDA GPU")

@@ -32,12 +32,11 @@ from benchmarks.runner import (
 from deepinfer_sm80.ops.kv_cache import dequantize_and_gather_k_cache, quantize_and_insert_k_cache
 from deepinfer_sm80.ops.kv_cache.layout import NOPE_DIM, RECORD_BYTES, page_bytes
 from deepinfer_sm80.ops.kv_cache.ref import encode_records_ref, page_views
-from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode
-from deepinfer_sm80.ops.sparse_mla.triton_kernel import (
+from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill
+from deepinfer_sm80.ops.sparse_mla.engine import (
     DECODE_SPLITS_ENV,
     decode_engine,
     prefill_engine,
-    sparse_mla_prefill,
 )
 
 SUITE = "kernels"

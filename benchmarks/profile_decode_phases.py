@@ -1,5 +1,5 @@
 """Where a CTA of the narrow sparse-MLA decode kernel (8 heads per rank) spends its time:
-per-CTA phase clocks from an instrumented copy of ``decode_sm80.cuh``.
+per-CTA phase clocks from an instrumented copy of ``attention_sm80.cuh``.
 
 The copy is made at run time: ``instrumented_source`` inserts marks at six anchors of
 ``decode_cta_narrow``, where thread 0 writes the low 32 bits of ``clock64`` (and, at the
@@ -87,7 +87,7 @@ _END_ANCHOR = "lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);\n  }\n}\n"
 
 
 def instrumented_source(source: str) -> str:
-    """``source`` (decode_sm80.cuh) with the narrow kernel's phase marks inserted."""
+    """``source`` (attention_sm80.cuh) with the narrow kernel's phase marks inserted."""
     head = "__device__ __forceinline__ void decode_cta_narrow("
     if source.count(head) != 1:
         raise ValueError("profile_decode_phases: decode_cta_narrow not found once in the source")
@@ -146,23 +146,23 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks.microbench_sm80_kernels import build_registry
     from benchmarks.runner import device_info
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
-    from deepinfer_sm80.ops.sparse_mla.triton_kernel import DECODE_ENGINE_ENV
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
+    from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
 
     if not torch.cuda.is_available():
         raise SystemExit("profile_decode_phases: needs a CUDA GPU")
-    patched = Path(tempfile.mkdtemp()) / "decode_sm80_phases.cuh"
-    patched.write_text(instrumented_source(tilelang_decode.SOURCE_FILE.read_text()))
-    tilelang_decode.SOURCE_FILE = patched
+    patched = Path(tempfile.mkdtemp()) / "attention_sm80_phases.cuh"
+    patched.write_text(instrumented_source(tilelang_kernels.SOURCE_FILE.read_text()))
+    tilelang_kernels.SOURCE_FILE = patched
     os.environ[DECODE_ENGINE_ENV] = "tilelang"
     seen = {}
-    launch = tilelang_decode.launch
+    launch = tilelang_kernels.launch
 
     def keep_lse(*a, **k):
         seen["lse"] = a[2]
         return launch(*a, **k)
 
-    tilelang_decode.launch = keep_lse
+    tilelang_kernels.launch = keep_lse
     info = device_info()
     print(
         f"{info['gpu']} | torch {info['torch']} | tilelang {info['tilelang']} | "

@@ -1,10 +1,11 @@
-"""deepinfer_sm80.aot: the image's ahead-of-time kernel cache (build and seed)."""
+"""deepinfer_sm80.aot: the image's ahead-of-time kernel cache (build and seed), and the
+TileLang warmup that reads it back."""
 
 import json
 
 import pytest
 
-from deepinfer_sm80 import aot
+from deepinfer_sm80 import aot, tilelang_build
 from deepinfer_sm80.arch import parse_ampere_arches
 from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
 
@@ -39,10 +40,82 @@ def test_build_writes_cubins_and_a_manifest(tmp_path, monkeypatch):
     lists it (the image runs the same code over every spec)."""
     spec = next(s for s in all_ampere_kernel_specs() if s.label.startswith("kv_cache.insert"))
     monkeypatch.setattr("deepinfer_sm80.ops.registry.all_ampere_kernel_specs", lambda: [spec])
-    manifest = aot.build(tmp_path, [80])
+    manifest = aot.build_triton(tmp_path, [80])
     assert manifest["arches"] == ["sm_80"]
     assert [k["label"] for k in manifest["kernels"]] == [spec.label]
     assert manifest["entries"], "no Triton cache entry written"
     cubins = list((tmp_path / aot.TRITON_SUBDIR).rglob("*.cubin"))
     assert cubins, "the cache holds no cubin"
     assert json.loads((tmp_path / aot.MANIFEST).read_text()) == manifest
+
+
+def test_build_refuses_bad_arguments_before_compiling_anything(tmp_path, capsys):
+    assert aot.main(["build", str(tmp_path / "a"), "--arches", "9.0"]) == 2
+    assert "--arches: '9.0' is not an Ampere compute capability" in capsys.readouterr().err
+    assert aot.main(["build", str(tmp_path / "b"), "--max-num-batched-tokens", "0"]) == 2
+    assert "--max-num-batched-tokens: expected >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.aot
+def test_one_command_builds_every_part_where_the_runtime_reads_it(tmp_path, monkeypatch, capsys):
+    """``python -m deepinfer_sm80.aot build`` (the image's one AOT step), cut to one kernel
+    per part and sm_80: the Triton spec into DEST/triton with DEST/manifest.json, the mHC
+    and sparse MLA TileLang variants into DEST/mhc and DEST/sparse_mla, each a TileLang
+    cache folder with its manifest, at the folders the plugin's warmup seeds from."""
+    from tilelang.cache import _dispatch_map
+
+    from deepinfer_sm80.ops.mhc.ops import post_variant
+    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
+
+    spec = next(s for s in all_ampere_kernel_specs() if s.label.startswith("kv_cache.insert"))
+    mhc_variant = post_variant(MhcModelConfig().hidden_size, MhcModelConfig().hc_mult)
+    mla_variant = tilelang_kernels.prefill_variant(128, True, True)
+    monkeypatch.setattr("deepinfer_sm80.ops.registry.all_ampere_kernel_specs", lambda: [spec])
+    monkeypatch.setattr(
+        "deepinfer_sm80.ops.mhc.warmup.shipped_variants", lambda *a, **k: [mhc_variant]
+    )
+    monkeypatch.setattr(tilelang_kernels, "shipped_variants", lambda: [mla_variant])
+    # Kernels this process already compiled would come from TileLang's memory caches and
+    # never reach the new folders; the image build is a fresh process.
+    for cache in _dispatch_map.values():
+        monkeypatch.setattr(cache, "_memory_cache", {})
+
+    dest = tmp_path / "kernels"
+    assert aot.main(["build", str(dest), "--arches", "8.0", "--max-num-batched-tokens", "64"]) == 0
+    out = capsys.readouterr().out
+    for part in ("triton", "mhc", "sparse_mla"):
+        assert f"{dest}: {part}: 1 kernel builds for sm_80" in out
+
+    triton = json.loads((dest / aot.MANIFEST).read_text())
+    assert triton["arches"] == ["sm_80"] and triton["entries"]
+    assert [k["label"] for k in triton["kernels"]] == [spec.label]
+    assert list((dest / aot.TRITON_SUBDIR).rglob("*.cubin"))
+
+    for sub, variant in ((aot.MHC_SUBDIR, mhc_variant), (aot.SPARSE_MLA_SUBDIR, mla_variant)):
+        folder = aot.tilelang_aot_dir(dest, sub)
+        assert folder == dest / sub
+        manifest = json.loads((folder / tilelang_build.MANIFEST).read_text())
+        assert manifest["arches"] == ["sm_80"]
+        assert [(k["label"], k["arch"], k["error"]) for k in manifest["kernels"]] == [
+            (variant.label, "sm_80", None)
+        ]
+        assert any(p.is_file() for p in (folder / tilelang_build.TILELANG_SUBDIR).rglob("*"))
+        live = tmp_path / f"live_{sub}"
+        assert tilelang_build.seed_tilelang_cache(folder, live) > 0
+    mhc = json.loads((dest / aot.MHC_SUBDIR / tilelang_build.MANIFEST).read_text())
+    assert mhc["max_num_batched_tokens"] == 64
+    assert mhc["model"]["hidden_size"] == MhcModelConfig().hidden_size
+    assert aot.tilelang_aot_dir(None, aot.MHC_SUBDIR) is None
+
+
+def test_warm_seeds_only_from_an_aot_folder_that_exists(tmp_path, monkeypatch):
+    seeded = []
+    monkeypatch.setattr(tilelang_build, "seed_tilelang_cache", lambda d: seeded.append(d) or 3)
+    logs = []
+    assert tilelang_build.warm([], "op", tmp_path / "absent", log=logs.append) == []
+    assert seeded == [] and not any("seeded" in line for line in logs)
+    assert tilelang_build.warm([], "op", tmp_path, log=logs.append) == []
+    assert seeded == [tmp_path]
+    assert f"op: seeded 3 TileLang cache files from {tmp_path}" in logs

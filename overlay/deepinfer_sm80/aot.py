@@ -1,17 +1,29 @@
-"""Ahead-of-time Triton kernels for Ampere, shipped in the image.
+"""Ahead-of-time Ampere kernels, shipped in the image: one command builds them all.
 
-``build`` compiles every shipped kernel config (``ops.registry``) for sm_80 and sm_86 on
-a machine without a GPU, into a Triton cache folder plus ``manifest.json``; the image
-does this at build time (docker/Dockerfile). ``seed`` copies those cache entries into
-the server's writable Triton cache before the first launch; the plugin calls it.
+``build`` compiles, on a machine without a GPU, every kernel config a server launches for
+sm_80 and sm_86, checks each against the Ampere budget (shared memory, registers, no
+spills) and fails naming every one that does not fit. The image does this at build time
+(docker/Dockerfile), into ``DEEPINFER_AOT_DIR``::
 
-What this buys, and its limit: Triton looks a kernel up by a hash of its source, the
-target, the launch options and the argument specialization (which integer arguments are
-divisible by 16, which pointers are aligned). An entry is reused only when the runtime
-launch specializes exactly like the AOT spec; any other launch JIT-compiles as it would
-without the cache. Whether the runtime hits these entries can only be observed on an
-Ampere GPU, which this project has not had yet: the manifest lists what was compiled so a
-user can compare it with Triton's cache after a run.
+    DEST/manifest.json, DEST/triton/                the Triton specs (``ops.registry``)
+    DEST/mhc/manifest.json, DEST/mhc/tilelang/      the mHC TileLang variants
+    DEST/sparse_mla/manifest.json, .../tilelang/    the sparse MLA TileLang variants
+
+Each ``tilelang/`` folder is a TileLang cache folder (``tilelang_build.aot_build``). At
+startup the plugin's activation copies ``triton/`` into the writable Triton cache
+(``seed``), and its kernel warmup copies the mHC and sparse MLA folders into the live
+TileLang cache (``prepare_mhc_kernels`` in ``ops/mhc/warmup.py``, ``warmup`` in
+``ops/sparse_mla/tilelang_kernels.py``).
+
+What the Triton entries buy, and their limit: Triton looks a kernel up by a hash of its
+source, the target, the launch options and the argument specialization (which integer
+arguments are divisible by 16, which pointers are aligned). An entry is reused only when
+the runtime launch specializes exactly like the AOT spec; any other launch JIT-compiles
+as it would without the cache. Whether the runtime hits these entries can only be
+observed on an Ampere GPU, which this project has not had yet: the manifest lists what
+was compiled so a user can compare it with Triton's cache after a run. TileLang entries
+are keyed by the kernel's TIR, target, backend and pass configs, all pinned in
+``tilelang_build``, so a server on that architecture finds them.
 
     python -m deepinfer_sm80.aot build /opt/deepinfer/kernels --arches "8.0 8.6"
     python -m deepinfer_sm80.aot seed /opt/deepinfer/kernels ~/.cache/triton
@@ -31,10 +43,17 @@ from deepinfer_sm80.arch import parse_ampere_arches
 
 MANIFEST = "manifest.json"
 TRITON_SUBDIR = "triton"
+# The TileLang ops' AOT folders inside DEST (DEEPINFER_AOT_DIR), read back by the
+# plugin's kernel warmup.
+MHC_SUBDIR = "mhc"
+SPARSE_MLA_SUBDIR = "sparse_mla"
+# The token budget the mHC variants are built for (vLLM's max_num_batched_tokens; every
+# budget from ops.mhc.geometry.TC_MIN_TOKENS up needs the same variants).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 
-def build(dest: Path, ccs: list[int]) -> dict:
-    """Compile every shipped spec for ``ccs`` into ``dest``; raise if any fails to fit."""
+def build_triton(dest: Path, ccs: list[int]) -> dict:
+    """Compile every shipped Triton spec for ``ccs`` into ``dest``; raise if any fails to fit."""
     from deepinfer_sm80.ampere_fit import compile_for_ampere, fit_violations
     from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
 
@@ -59,6 +78,62 @@ def build(dest: Path, ccs: list[int]) -> dict:
     }
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
+
+
+def build_mhc(
+    dest: Path,
+    ccs: list[int],
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    log=print,
+) -> dict:
+    """The mHC variants a server with this token budget launches (DeepSeek-V4.1-Flash's
+    constants), into ``dest``; the manifest records the budget and the constants."""
+    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig, shipped_variants
+    from deepinfer_sm80.tilelang_build import aot_build
+
+    model = MhcModelConfig()
+    return aot_build(
+        dest,
+        shipped_variants(max_num_batched_tokens, model),
+        ccs,
+        "mHC",
+        log,
+        max_num_batched_tokens=max_num_batched_tokens,
+        model=asdict(model),
+    )
+
+
+def build_sparse_mla(dest: Path, ccs: list[int], log=print) -> dict:
+    """The sparse MLA TileLang variants (decode and prefill) a server launches, into ``dest``."""
+    from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import shipped_variants
+    from deepinfer_sm80.tilelang_build import aot_build
+
+    return aot_build(dest, shipped_variants(), ccs, "sparse MLA", log)
+
+
+def build(
+    dest: Path,
+    ccs: list[int],
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    log=print,
+) -> dict[str, dict]:
+    """Every shipped kernel for ``ccs`` into ``dest`` (layout in the module docstring):
+    the Triton specs, then the mHC and sparse MLA TileLang variants. Returns each part's
+    manifest; raises at the first part with a kernel that does not fit Ampere."""
+    if max_num_batched_tokens < 1:
+        raise ValueError(f"--max-num-batched-tokens: expected >= 1, got {max_num_batched_tokens}")
+    dest = Path(dest)
+    return {
+        "triton": build_triton(dest, ccs),
+        "mhc": build_mhc(dest / MHC_SUBDIR, ccs, max_num_batched_tokens, log),
+        "sparse_mla": build_sparse_mla(dest / SPARSE_MLA_SUBDIR, ccs, log),
+    }
+
+
+def tilelang_aot_dir(aot_dir: str | Path | None, subdir: str) -> Path | None:
+    """Where ``build`` put one TileLang op's kernels inside ``aot_dir``
+    (``DEEPINFER_AOT_DIR``); None when there is no AOT folder."""
+    return Path(aot_dir) / subdir if aot_dir else None
 
 
 def seed(src: Path, triton_cache: Path) -> int:
@@ -87,25 +162,40 @@ def default_triton_cache() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deepinfer_sm80.aot", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m deepinfer_sm80.aot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="compile the shipped kernels for Ampere into DEST")
+    b = sub.add_parser("build", help="compile every shipped kernel for Ampere into DEST")
     b.add_argument("dest", type=Path)
     b.add_argument("--arches", default="8.0 8.6", help='compute capabilities, e.g. "8.0 8.6"')
+    b.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help="the token budget the mHC variants are built for (default %(default)s)",
+    )
     s = sub.add_parser("seed", help="copy AOT entries from SRC into a Triton cache")
     s.add_argument("src", type=Path)
     s.add_argument("triton_cache", type=Path, nargs="?", default=None)
     args = parser.parse_args(argv)
     if args.cmd == "build":
         try:
-            manifest = build(args.dest, parse_ampere_arches(args.arches))
+            manifests = build(
+                args.dest, parse_ampere_arches(args.arches), args.max_num_batched_tokens
+            )
         except (ValueError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(
-            f"{args.dest}: {len(manifest['kernels'])} kernel builds for "
-            f"{', '.join(manifest['arches'])}, {len(manifest['entries'])} cache entries"
-        )
+        for part, manifest in manifests.items():
+            entries = manifest.get("entries")
+            print(
+                f"{args.dest}: {part}: {len(manifest['kernels'])} kernel builds for "
+                f"{', '.join(manifest['arches'])}"
+                + (f", {len(entries)} cache entries" if entries is not None else "")
+            )
         return 0
     n = seed(args.src, args.triton_cache or default_triton_cache())
     print(f"seeded {n} Triton cache entries from {args.src}")

@@ -103,10 +103,10 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
         num_stages=1,
         constexprs=(("BLOCK_H", 16), ("BLOCK_N", 16), ("ROWS_PER_SPLIT", 128), ("PREFETCH", 0)),
     ),
-    # The TileLang decode (ops/sparse_mla/decode_sm80.cuh): 8 warps, a fixed tile of 16
+    # The TileLang decode (ops/sparse_mla/attention_sm80.cuh): 8 warps, a fixed tile of 16
     # heads x 16 rows (BLOCK_H/BLOCK_N state it; launch() refuses other values). With 8
     # heads per rank or fewer its narrow kernel runs instead (8 heads x 32 rows, fixed in
-    # tilelang_decode.py; same split policy, PREFETCH 1). Knobs:
+    # tilelang_kernels.py; same split policy, PREFETCH 1). Knobs:
     # ROWS_PER_SPLIT (a token's split count is ceil(rows / ROWS_PER_SPLIT); the kernel
     # deals the rows evenly over them, in whole 16-row steps) and PREFETCH (tiles of loads
     # in flight: 1 or 2; 2 measured no faster on the H200). sm_80/sm_86: 124-125
@@ -135,7 +135,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     ),
     # The Triton prefill (where TileLang cannot run or DEEPINFER_SPARSE_MLA_PREFILL=triton).
     # On GPUs the prefill runs the TileLang wide kernel over bf16 rows instead
-    # (tilelang_decode.prefill_variant: the decode tile, one split per token, no knobs).
+    # (tilelang_kernels.prefill_variant: the decode tile, one split per token, no knobs).
     "sparse_mla.prefill": LaunchConfig(
         num_warps=4,
         num_stages=1,

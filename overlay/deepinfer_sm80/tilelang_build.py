@@ -8,15 +8,22 @@ Every TileLang kernel of ours (mHC, sparse MLA) is a *variant*: an object with
 hash of the kernel's TIR, the target, the execution backend and the pass configs, and all
 four are pinned here so the AOT build and the server agree.
 
-``compile_into_cache`` is the AOT step (no GPU: nvcc from the ``nvidia-cuda-nvcc``
-wheel), ``seed_tilelang_cache`` copies its output into the live cache at startup, and
-``fit_report`` measures a build the way ``ampere_fit`` measures Triton kernels: registers
-and spills from ``ptxas -v``, shared memory from TileLang's dynamic allocation plus
-ptxas' static figure.
+``aot_build`` is the AOT step of one op (no GPU: nvcc from the ``nvidia-cuda-nvcc``
+wheel): its variants compiled for each ``sm_{cc}`` into ``DEST/tilelang`` (a TileLang
+cache folder), ``DEST/manifest.json`` listing what was built, how long it took and its
+resources, and an error naming every build that does not fit Ampere. ``python -m
+deepinfer_sm80.aot build`` runs it for every TileLang op (``deepinfer_sm80.aot`` says
+where each op's folder lies). At startup ``warm`` copies an op's AOT folder into the live
+cache (``seed_tilelang_cache``, never overwriting) and compiles or loads every variant
+the server launches. ``fit_report`` measures a build the way ``ampere_fit`` measures
+Triton kernels: registers and spills from ``ptxas -v``, shared memory from TileLang's
+dynamic allocation plus ptxas' static figure; ``fit_reports`` does so for a list of
+variants and architectures.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -27,7 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from deepinfer_sm80.ampere_fit import PTXAS_REGS, PTXAS_SMEM, PTXAS_SPILL
+from deepinfer_sm80.ampere_fit import PTXAS_REGS, PTXAS_SMEM, PTXAS_SPILL, fit_violations
 from deepinfer_sm80.kernel_spec import FitReport
 
 TILELANG_SUBDIR = "tilelang"  # the TileLang cache folder inside an AOT folder
@@ -199,6 +206,11 @@ def fit_report(variant: TileLangVariant, cc: int):
         return FitReport(variant.label, arch, None, None, None, None, error=msg[:2000]), 0.0
 
 
+def fit_reports(variants, ccs) -> list[FitReport]:
+    """``fit_report`` of every variant on every ``sm_{cc}`` (architecture-major)."""
+    return [fit_report(v, cc)[0] for cc in ccs for v in variants]
+
+
 def device_flags_key():
     import tilelang
 
@@ -232,3 +244,40 @@ def compile_into_cache(dest: Path, variants, ccs, log, what: str) -> tuple[list,
         else:
             os.environ["TILELANG_CACHE_DIR"] = previous
     return reports, rows
+
+
+def aot_build(dest: Path | str, variants, ccs, what: str, log=print, **manifest_fields) -> dict:
+    """One op's AOT folder: ``variants`` compiled for each ``sm_{cc}`` into
+    ``dest/tilelang`` and ``dest/manifest.json`` (``arches``, then ``manifest_fields``,
+    then one ``kernels`` row per build); raise ``RuntimeError`` naming every build that
+    does not fit Ampere (the manifest is written first, so it shows them too)."""
+    dest = Path(dest)
+    # Kernels already compiled in this process would be served from memory and never
+    # reach the new cache folder.
+    forget_compiled()
+    reports, rows = compile_into_cache(dest, variants, ccs, log, what)
+    manifest = {"arches": [f"sm_{cc}" for cc in ccs], **manifest_fields, "kernels": rows}
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    problems = fit_violations(reports)
+    if problems:
+        raise RuntimeError(f"{what} AOT kernels do not fit Ampere:\n" + "\n".join(problems))
+    return manifest
+
+
+def warm(variants, what: str, aot_dir: Path | str | None = None, target="auto", log=print):
+    """Compile (or load from TileLang's cache) every variant, one log line each and a
+    total; first, when ``aot_dir`` (an op's AOT folder, see ``aot_build``) exists, copy its
+    builds into the live cache. Returns one record per variant."""
+    if aot_dir is not None and Path(aot_dir).is_dir():
+        n = seed_tilelang_cache(aot_dir)
+        log(f"{what}: seeded {n} TileLang cache files from {aot_dir}")
+    records = []
+    t_all = time.perf_counter()
+    for variant in variants:
+        t0 = time.perf_counter()
+        get_kernel(variant, target)
+        dt = time.perf_counter() - t0
+        records.append({"variant": variant.label, "target": str(target), "seconds": dt})
+        log(f"{what} kernel {variant.label} for {target}: ready in {dt:.2f} s")
+    log(f"{what}: {len(records)} kernel variants ready in {time.perf_counter() - t_all:.1f} s")
+    return records

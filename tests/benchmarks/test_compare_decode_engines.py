@@ -5,7 +5,7 @@ import pytest
 
 from benchmarks import compare_decode_engines as cmp
 from benchmarks.microbench_sm80_kernels import build_registry
-from deepinfer_sm80.ops.sparse_mla.tilelang_decode import DecodeVariant
+from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import DecodeVariant
 
 
 def test_default_variants_are_buildable_and_cover_both_engines():

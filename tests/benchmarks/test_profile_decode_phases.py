@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from benchmarks import profile_decode_phases as prof
-from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 
 
 def test_marks_land_once_each_in_the_narrow_kernel_only():
-    source = tilelang_decode.SOURCE_FILE.read_text()
+    source = tilelang_kernels.SOURCE_FILE.read_text()
     patched = prof.instrumented_source(source)
     narrow = patched.index("void decode_cta_narrow(")
     for k in range(6):
@@ -28,7 +28,7 @@ def test_marks_land_once_each_in_the_narrow_kernel_only():
 
 
 def test_refuses_a_kernel_that_moved_under_an_anchor():
-    source = tilelang_decode.SOURCE_FILE.read_text()
+    source = tilelang_kernels.SOURCE_FILE.read_text()
     moved = source.replace("// sm.scale and sm.field are complete", "// tables complete")
     with pytest.raises(ValueError, match="anchor 'tables ready' occurs 0 times"):
         prof.instrumented_source(moved)

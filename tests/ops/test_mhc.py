@@ -8,6 +8,7 @@ architecture looks up. TileLang kernels cannot run on a CPU, so every kernel-vs-
 case is ``gpu``; those import nothing from vLLM (the GPU machine has none).
 """
 
+import dataclasses
 import inspect
 import os
 
@@ -207,20 +208,23 @@ def test_errors_name_the_argument(change, fragment):
 
 @pytest.fixture(scope="module")
 def aot_dir(tmp_path_factory):
-    from deepinfer_sm80.ops.mhc.warmup import aot_build
+    from deepinfer_sm80.aot import build_mhc
 
     dest = tmp_path_factory.mktemp("mhc_aot")
-    manifest = aot_build(dest, [80, 86], max_num_batched_tokens=8192, log=print)
+    manifest = build_mhc(dest, [80, 86], max_num_batched_tokens=8192, log=print)
     return dest, manifest
 
 
 @pytest.mark.aot
 def test_aot_every_shipped_variant_fits_ampere(aot_dir):
-    """aot_build raises on any violation; the manifest records every build's resources."""
+    """The image's mHC AOT step (``aot.build_mhc``) raises on any violation; the manifest
+    records the token budget, the model constants and every build's resources."""
     from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES
-    from deepinfer_sm80.ops.mhc.warmup import ampere_kernel_specs
+    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig, ampere_kernel_specs
 
     _, manifest = aot_dir
+    assert manifest["arches"] == ["sm_80", "sm_86"] and manifest["max_num_batched_tokens"] == 8192
+    assert manifest["model"] == dataclasses.asdict(MhcModelConfig())
     rows = manifest["kernels"]
     labels = {v.label for v in ampere_kernel_specs(8192)}
     assert {(r["label"], r["arch"]) for r in rows} == {
@@ -242,12 +246,12 @@ def test_aot_cache_is_what_a_server_on_that_arch_loads(aot_dir, arch, monkeypatc
     from tilelang.jit.kernel import JITKernel
 
     from deepinfer_sm80 import tilelang_build
-    from deepinfer_sm80.ops.mhc.warmup import seed_tilelang_cache, warmup_mhc_kernels
+    from deepinfer_sm80.ops.mhc.warmup import prepare_mhc_kernels
 
     dest, _ = aot_dir
     live = dest.parent / f"live_cache_{arch}"
-    assert seed_tilelang_cache(dest, live) > 0
-    assert seed_tilelang_cache(dest, live) == 0  # never overwrites
+    assert tilelang_build.seed_tilelang_cache(dest, live) > 0
+    assert tilelang_build.seed_tilelang_cache(dest, live) == 0  # never overwrites
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(live))
     monkeypatch.setattr(cuda_target, "_detect_torch_cuda_arch", lambda: arch)
     monkeypatch.setattr(cuda_target, "check_cuda_availability", lambda: True)
@@ -260,7 +264,7 @@ def test_aot_cache_is_what_a_server_on_that_arch_loads(aot_dir, arch, monkeypatc
         monkeypatch.setattr(cache, "_memory_cache", {})
     tilelang_build.forget_compiled()
     try:
-        records = warmup_mhc_kernels(8192, log=print)
+        records = prepare_mhc_kernels(8192, log=print)
     finally:
         tilelang_build.forget_compiled()
     assert len(records) == len(SMALL_TOKEN_GROUPS) + 4

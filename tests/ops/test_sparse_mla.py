@@ -10,7 +10,8 @@ import torch
 
 from deepinfer_sm80 import arch
 from deepinfer_sm80.ops.kv_cache import quantize_and_insert_k_cache
-from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill, tilelang_decode
+from deepinfer_sm80.ops.sparse_mla import engine as mla_engine
+from deepinfer_sm80.ops.sparse_mla import sparse_mla_decode, sparse_mla_prefill, tilelang_kernels
 from deepinfer_sm80.ops.sparse_mla import triton_kernel as mla_kernels
 from deepinfer_sm80.ops.sparse_mla.ref import (
     decode_rows,
@@ -27,21 +28,22 @@ WINDOW, TOPK, DSPARK_WIDTH = 128, 512, 192
 
 @pytest.fixture(params=["triton", "tilelang"])
 def engine(request, device, monkeypatch):
-    """Both decode kernels: the Triton one everywhere, the TileLang one (decode_sm80.cuh)
-    on a CUDA GPU only -- on CPU its check is the sm_80/sm_86 fit (test_tilelang_decode_fits)."""
+    """Both decode kernels: the Triton one everywhere, the TileLang one (attention_sm80.cuh)
+    on a CUDA GPU only -- on CPU its check is the sm_80/sm_86 fit
+    (test_tilelang_kernels_fit_ampere)."""
     if request.param == "tilelang" and device.type != "cuda":
         pytest.skip("the TileLang decode runs only on a CUDA GPU")
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, request.param)
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, request.param)
     return request.param
 
 
 @pytest.fixture(params=["triton", "tilelang"])
 def prefill_engine(request, device, monkeypatch):
     """Both prefill kernels: Triton everywhere, the TileLang wide kernel over bf16 rows
-    (decode_sm80.cuh) on a CUDA GPU only."""
+    (attention_sm80.cuh) on a CUDA GPU only."""
     if request.param == "tilelang" and device.type != "cuda":
         pytest.skip("the TileLang prefill runs only on a CUDA GPU")
-    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, request.param)
+    monkeypatch.setenv(mla_engine.PREFILL_ENGINE_ENV, request.param)
     return request.param
 
 
@@ -306,7 +308,7 @@ def test_decode_extreme_scales_and_subnormal_codes(
     split modes: throughput runs the 640-row builds (the narrow kernel's register path)."""
     if splits == "throughput" and engine == "triton":
         pytest.skip("throughput splits are the TileLang kernels'")
-    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, splits)
+    monkeypatch.setenv(mla_engine.DECODE_SPLITS_ENV, splits)
     case = make_decode_case(
         2,
         64,
@@ -326,13 +328,13 @@ def test_decode_extreme_scales_and_subnormal_codes(
 
 
 def test_fast_path_raw_decode_and_folded_factors():
-    """decode_sm80.cuh's fast path: sign | magnitude << 4 read as bf16 is the e4m3 value
+    """attention_sm80.cuh's fast path: sign | magnitude << 4 read as bf16 is the e4m3 value
     times 2^-120 for every non-NaN code (subnormals included); exponent field s + 56 is
     2^(s - 71) in fp32 and in bf16 for every scale byte s <= 198; 0x5F80 is 2^64."""
     import re
     from pathlib import Path
 
-    cuh = (Path(mla_kernels.__file__).with_name("decode_sm80.cuh")).read_text()
+    cuh = (Path(mla_kernels.__file__).with_name("attention_sm80.cuh")).read_text()
     assert re.search(r"\(x & 0x80008000u\) \| \(\(x & 0x7F007F00u\) >> 4\)", cuh)
     assert "kFieldOffset = 56" in cuh and "kFastMaxScale = 198" in cuh
     assert "kUnitField = 127" in cuh and "kFullDecodeShift = 64" in cuh
@@ -378,7 +380,7 @@ def test_direct_output_path_launches_no_reduction(device, engine, monkeypatch, h
     full.run(heads)
     # 640 rows can split: one reduction launch, unless the TileLang kernel merges the
     # splits itself (its default)
-    merged = engine == "tilelang" and tilelang_decode.MERGE_SPLITS
+    merged = engine == "tilelang" and tilelang_kernels.MERGE_SPLITS
     assert counter.launches == (0 if merged else 1)
     _with_rows_per_split(monkeypatch, 1024)
     full.run(heads)
@@ -393,7 +395,7 @@ def test_tilelang_in_kernel_merge_against_the_reduction(device, monkeypatch, hea
     reduction launch when merging, the same result up to rounding (both fold in split
     order), deterministic, and the arrival counters back at zero after every call.
     Tokens with 4, 3, 2 and 1 splits and none; then 40 splits (ten fold steps)."""
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     counter = _LaunchCounter(mla_kernels.sparse_mla_reduce_kernel)
     monkeypatch.setattr(mla_kernels, "sparse_mla_reduce_kernel", counter)
     case = make_decode_case(
@@ -401,7 +403,7 @@ def test_tilelang_in_kernel_merge_against_the_reduction(device, monkeypatch, hea
     )
     results = {}
     for merge in (False, True):
-        monkeypatch.setattr(tilelang_decode, "MERGE_SPLITS", merge)
+        monkeypatch.setattr(tilelang_kernels, "MERGE_SPLITS", merge)
         results[merge], _ = _check_decode(case, heads, f"merge={merge}")
     assert counter.launches == 1  # the reduction ran for merge=False only
     again, _ = case.run(heads)
@@ -419,7 +421,7 @@ def test_tilelang_in_kernel_merge_against_the_reduction(device, monkeypatch, hea
     _with_rows_per_split(monkeypatch, 16)  # 40 splits for 640 rows
     _check_decode(case, heads, "40 splits merged")
     torch.cuda.synchronize()
-    (counters,) = tilelang_decode._counters.values()
+    (counters,) = tilelang_kernels._counters.values()
     assert counters.abs().sum().item() == 0
 
 
@@ -429,38 +431,38 @@ def test_split_counters_grow_and_keep_old_buffers_alive(monkeypatch):
     the old one kept alive (CUDA graphs captured earlier hold its address); one counter
     per (token, head block) of the kernel that runs (8 heads per CTA at 8 heads or fewer,
     16 above)."""
-    monkeypatch.setattr(tilelang_decode, "_counters", {})
-    monkeypatch.setattr(tilelang_decode, "_kept_alive", [])
-    assert tilelang_decode.counter_slots(3, 8) == 3
-    assert tilelang_decode.counter_slots(3, 5) == 3
-    assert tilelang_decode.counter_slots(3, 64) == 12
-    assert tilelang_decode.counter_slots(3, 24) == 6
-    first = tilelang_decode.split_counters("cpu", 100)
+    monkeypatch.setattr(tilelang_kernels, "_counters", {})
+    monkeypatch.setattr(tilelang_kernels, "_kept_alive", [])
+    assert tilelang_kernels.counter_slots(3, 8) == 3
+    assert tilelang_kernels.counter_slots(3, 5) == 3
+    assert tilelang_kernels.counter_slots(3, 64) == 12
+    assert tilelang_kernels.counter_slots(3, 24) == 6
+    first = tilelang_kernels.split_counters("cpu", 100)
     assert first.dtype == torch.int32 and first.numel() >= 100 and not first.any()
-    assert tilelang_decode.split_counters("cpu", first.numel()) is first
-    bigger = tilelang_decode.split_counters("cpu", first.numel() + 1)
+    assert tilelang_kernels.split_counters("cpu", first.numel()) is first
+    bigger = tilelang_kernels.split_counters("cpu", first.numel() + 1)
     assert bigger.numel() > first.numel() and not bigger.any()
-    assert tilelang_decode._kept_alive == [first]
-    assert tilelang_decode.split_counters("cpu", 1) is bigger
-    tilelang_decode.reserve_split_counters("cpu", max_tokens=10_000)
-    assert tilelang_decode.split_counters("cpu", 1).numel() >= 40_000  # 64 heads: 4 blocks
+    assert tilelang_kernels._kept_alive == [first]
+    assert tilelang_kernels.split_counters("cpu", 1) is bigger
+    tilelang_kernels.reserve_split_counters("cpu", max_tokens=10_000)
+    assert tilelang_kernels.split_counters("cpu", 1).numel() >= 40_000  # 64 heads: 4 blocks
 
 
 @pytest.mark.gpu
 def test_tilelang_merge_counters_allocated_inside_a_capture(device, monkeypatch, caplog):
     """No counters reserved before a CUDA-graph capture: that graph gets its own buffer,
     zeroed at the start of each replay, with a warning; replays stay correct."""
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     case = make_decode_case(4, 64, seed=43, device=device)
     out = torch.empty_like(case.q)
     case.run(8, out=out)  # compile outside the capture
     torch.cuda.synchronize()
-    monkeypatch.setattr(tilelang_decode, "_counters", {})
+    monkeypatch.setattr(tilelang_kernels, "_counters", {})
     graph = torch.cuda.CUDAGraph()
     with caplog.at_level("WARNING", logger="deepinfer_sm80.sparse_mla"), torch.cuda.graph(graph):
         case.run(8, out=out)
     assert "inside a CUDA-graph capture" in caplog.text
-    assert tilelang_decode._counters == {}  # the graph's own buffer is not shared
+    assert tilelang_kernels._counters == {}  # the graph's own buffer is not shared
     for _ in range(3):
         out.fill_(float("nan"))
         graph.replay()
@@ -549,28 +551,30 @@ def test_decode_split_mode_choice(monkeypatch, caplog):
     index rows that fit one split and the Triton kernel (with a warning) as they are;
     anything else is refused, naming the variable."""
     rps = arch.KERNEL_CONFIGS["sparse_mla.decode_tilelang"].constexpr_dict()["ROWS_PER_SPLIT"]
-    choose = mla_kernels.decode_rows_per_split
-    monkeypatch.setattr(mla_kernels, "_warned", set())  # warn-once state of earlier tests
-    monkeypatch.delenv(mla_kernels.DECODE_SPLITS_ENV, raising=False)
+    choose = mla_engine.decode_rows_per_split
+    monkeypatch.setattr(mla_engine, "_warned", set())  # warn-once state of earlier tests
+    monkeypatch.delenv(mla_engine.DECODE_SPLITS_ENV, raising=False)
     assert choose("tilelang", 8, 640) == rps == 192
-    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "Throughput ")
+    monkeypatch.setenv(mla_engine.DECODE_SPLITS_ENV, "Throughput ")
     assert all(choose("tilelang", h, 640) == 640 for h in (5, 8, 16, 32, 64))
     assert choose("tilelang", 8, DSPARK_WIDTH) == rps  # one split already: same variant
     with caplog.at_level("WARNING", logger="deepinfer_sm80.sparse_mla"):
         assert choose("triton", 8, 640) == 128
     assert "throughput applies to the TileLang kernels" in caplog.text
-    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "fast")
+    monkeypatch.setenv(mla_engine.DECODE_SPLITS_ENV, "fast")
     with pytest.raises(ValueError, match=r"DECODE_SPLITS='fast': expected one of latency, thr"):
         choose("tilelang", 8, 640)
     # the throughput variants are shipped (warmup and the image's AOT step build them),
     # within Ampere's 48 KB; the narrow one takes the register path for PV
     wide, narrow = [
-        v for v in tilelang_decode.shipped_variants() if v.rows_per_split == 640 and not v.bf16_rows
+        v
+        for v in tilelang_kernels.shipped_variants()
+        if v.rows_per_split == 640 and not v.bf16_rows
     ]
     assert not wide.narrow and wide.smem_bytes() <= 48 * 1024
     assert narrow.narrow and narrow.register_pv and narrow.smem_bytes() <= 48 * 1024
     assert narrow.callee().endswith(", false, true>")
-    short = tilelang_decode.DecodeVariant(128, 512, True, True, rps, narrow=True)
+    short = tilelang_kernels.DecodeVariant(128, 512, True, True, rps, narrow=True)
     assert not short.register_pv and short.callee().endswith(", false, false>")
 
 
@@ -579,7 +583,7 @@ def test_deploy_names_the_split_variable_the_kernels_read():
     pytest.importorskip("pydantic")  # deploy's schema; the GPU machines run without it
     from deepinfer_sm80.deploy import topology
 
-    assert topology.DECODE_SPLITS_ENV == mla_kernels.DECODE_SPLITS_ENV
+    assert topology.DECODE_SPLITS_ENV == mla_engine.DECODE_SPLITS_ENV
 
 
 @pytest.mark.gpu
@@ -593,7 +597,7 @@ def test_narrow_register_path_matches_the_slices_path(device, monkeypatch, heads
     the test GPU allows it, Ampere would not, so it never ships.)"""
     from deepinfer_sm80.tilelang_build import forget_compiled
 
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     _with_rows_per_split(monkeypatch, rows)
     case = make_decode_case(
         5,
@@ -604,18 +608,18 @@ def test_narrow_register_path_matches_the_slices_path(device, monkeypatch, heads
         extra_lens=[512, 333, 48, 0, 0],
         cached_rows=_extreme_groups,
     )
-    shipped = tilelang_decode.DecodeVariant.register_pv
+    shipped = tilelang_kernels.DecodeVariant.register_pv
     runs = {}
     try:
         for forced in (False, True):
-            tilelang_decode.DecodeVariant.register_pv = property(
+            tilelang_kernels.DecodeVariant.register_pv = property(
                 lambda v, f=forced: f and v.narrow and not v.bf16_rows
             )
             forget_compiled()  # kernels are cached by variant, which does not name the path
             out, lse = case.run(heads)
             runs[forced] = (out[:, :heads].clone(), lse[:, :heads].clone())
     finally:
-        tilelang_decode.DecodeVariant.register_pv = shipped
+        tilelang_kernels.DecodeVariant.register_pv = shipped
         forget_compiled()
     assert torch.isfinite(runs[False][0]).all()
     assert torch.equal(runs[False][0].view(torch.int16), runs[True][0].view(torch.int16))
@@ -628,12 +632,12 @@ def test_decode_throughput_splits(device, monkeypatch, heads):
     """Throughput mode on the TileLang kernels (wide, and narrow for 8 heads or fewer):
     one split per token (no partials), within the budget against the fp64 reference,
     bit-identical alone and in a batch."""
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
-    monkeypatch.setenv(mla_kernels.DECODE_SPLITS_ENV, "throughput")
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setenv(mla_engine.DECODE_SPLITS_ENV, "throughput")
     launched = []
-    launch = tilelang_decode.launch
+    launch = tilelang_kernels.launch
     monkeypatch.setattr(
-        tilelang_decode, "launch", lambda *a, **k: launched.append(a[12]) or launch(*a, **k)
+        tilelang_kernels, "launch", lambda *a, **k: launched.append(a[12]) or launch(*a, **k)
     )
     n = 17
     case = make_decode_case(
@@ -933,59 +937,59 @@ def test_decode_engine_choice(monkeypatch, caplog):
     no interpreter), else Triton -- with a warning when a GPU falls back; a forced engine
     that cannot run, or an unknown name, is refused with the variable and the reason."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.delenv(mla_kernels.DECODE_ENGINE_ENV, raising=False)
-    assert mla_kernels.decode_engine(cpu) == "triton"
-    monkeypatch.setattr(mla_kernels, "INTERPRETING", False)
+    monkeypatch.delenv(mla_engine.DECODE_ENGINE_ENV, raising=False)
+    assert mla_engine.decode_engine(cpu) == "triton"
+    monkeypatch.setattr(mla_engine, "INTERPRETING", False)
     capability = {"cc": (8, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability["cc"])
-    assert mla_kernels.decode_engine(cuda) == "tilelang"
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "triton")
-    assert mla_kernels.decode_engine(cuda) == "triton"
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    assert mla_engine.decode_engine(cuda) == "tilelang"
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "triton")
+    assert mla_engine.decode_engine(cuda) == "triton"
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     with pytest.raises(ValueError, match=r"=tilelang: it needs a CUDA device .*choose triton"):
-        mla_kernels.decode_engine(cpu)
+        mla_engine.decode_engine(cpu)
     capability["cc"] = (7, 5)
     with pytest.raises(ValueError, match=r"compute capability 8\.0 or newer \(this GPU is 7\.5\)"):
-        mla_kernels.decode_engine(cuda)
-    monkeypatch.delenv(mla_kernels.DECODE_ENGINE_ENV)
+        mla_engine.decode_engine(cuda)
+    monkeypatch.delenv(mla_engine.DECODE_ENGINE_ENV)
     with caplog.at_level("WARNING", logger="deepinfer_sm80.sparse_mla"):
-        assert mla_kernels.decode_engine(cuda) == "triton"
+        assert mla_engine.decode_engine(cuda) == "triton"
     assert "runs the Triton kernel: it needs compute capability 8.0" in caplog.text
     capability["cc"] = (8, 6)
-    monkeypatch.setattr(mla_kernels.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.delitem(mla_kernels.sys.modules, "tilelang", raising=False)
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "tilelang")
+    monkeypatch.setattr(mla_engine.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.delitem(mla_engine.sys.modules, "tilelang", raising=False)
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     with pytest.raises(ValueError, match="TileLang is not installed"):
-        mla_kernels.decode_engine(cuda)
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "flashmla")
+        mla_engine.decode_engine(cuda)
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "flashmla")
     with pytest.raises(ValueError, match="expected one of auto, tilelang, triton"):
-        mla_kernels.decode_engine(cuda)
+        mla_engine.decode_engine(cuda)
 
 
 def test_prefill_engine_choice(monkeypatch):
     """DEEPINFER_SPARSE_MLA_PREFILL follows the decode switch's rules, on its own."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.delenv(mla_kernels.PREFILL_ENGINE_ENV, raising=False)
-    monkeypatch.setenv(mla_kernels.DECODE_ENGINE_ENV, "triton")
-    assert mla_kernels.prefill_engine(cpu) == "triton"
-    monkeypatch.setattr(mla_kernels, "INTERPRETING", False)
+    monkeypatch.delenv(mla_engine.PREFILL_ENGINE_ENV, raising=False)
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "triton")
+    assert mla_engine.prefill_engine(cpu) == "triton"
+    monkeypatch.setattr(mla_engine, "INTERPRETING", False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (8, 6))
-    assert mla_kernels.prefill_engine(cuda) == "tilelang"  # not the decode's choice
-    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, "triton")
-    assert mla_kernels.prefill_engine(cuda) == "triton"
-    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, "tilelang")
+    assert mla_engine.prefill_engine(cuda) == "tilelang"  # not the decode's choice
+    monkeypatch.setenv(mla_engine.PREFILL_ENGINE_ENV, "triton")
+    assert mla_engine.prefill_engine(cuda) == "triton"
+    monkeypatch.setenv(mla_engine.PREFILL_ENGINE_ENV, "tilelang")
     with pytest.raises(ValueError, match=r"DEEPINFER_SPARSE_MLA_PREFILL=tilelang: it needs"):
-        mla_kernels.prefill_engine(cpu)
-    monkeypatch.setenv(mla_kernels.PREFILL_ENGINE_ENV, "cutlass")
+        mla_engine.prefill_engine(cpu)
+    monkeypatch.setenv(mla_engine.PREFILL_ENGINE_ENV, "cutlass")
     with pytest.raises(ValueError, match=r"PREFILL='cutlass': expected one of auto"):
-        mla_kernels.prefill_engine(cuda)
+        mla_engine.prefill_engine(cuda)
 
 
 def test_tilelang_prefill_variant_and_refusals():
     """The prefill variant is the wide kernel over one cache of bf16 rows with one split
     per token (index widths rounded up to whole 16-row tiles); misaligned workspaces and
     queries are refused before anything reaches the GPU, naming the way out."""
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode as td
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels as td
 
     v = td.prefill_variant(600, has_len=True, has_sink=False)
     assert (v.main_width, v.rows_per_split, v.max_splits, v.bf16_rows) == (600, 608, 1, True)
@@ -1036,14 +1040,14 @@ def test_inputs_on_another_device_are_refused(device):
 
 
 def test_the_two_copies_of_the_fp8_decode_ptx_are_the_same():
-    """decode_sm80.cuh carries the packed e4m3 x UE8M0 -> bf16 PTX that ops/fp8 tests
+    """attention_sm80.cuh carries the packed e4m3 x UE8M0 -> bf16 PTX that ops/fp8 tests
     bit-exactly against torch for all 256 bytes x 256 scales; the copies must not drift."""
     import re
     from pathlib import Path
 
     from deepinfer_sm80.ops.fp8 import triton_fp8
 
-    cuh = (Path(mla_kernels.__file__).with_name("decode_sm80.cuh")).read_text()
+    cuh = (Path(mla_kernels.__file__).with_name("attention_sm80.cuh")).read_text()
     body = cuh[cuh.index("e4m3x4_to_bf16x4(") :]
     asm_lines = re.findall(r'"([^"]*)\\n"', body[: body.index(': "=r"(lo)')])
     cuda_ptx = [re.sub(r"%(\d)", r"$\1", line).strip() for line in asm_lines]
@@ -1054,13 +1058,13 @@ def test_the_two_copies_of_the_fp8_decode_ptx_are_the_same():
 
 
 @pytest.mark.aot
-def test_tilelang_decode_fits_ampere():
+def test_tilelang_kernels_fit_ampere():
     """Every shipped TileLang variant (decode: 3 index widths, and the throughput split;
     prefill: 2 widths over bf16 rows; each with the wide and the narrow kernel) compiles
     for sm_80 and sm_86 within 48 KB of shared memory, without spills, and leaves room
     for two 256-thread CTAs per SM."""
     from deepinfer_sm80.ampere_fit import fit_violations, format_reports
-    from deepinfer_sm80.ops.sparse_mla.tilelang_decode import fit_reports, shipped_variants
+    from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import fit_reports, shipped_variants
 
     reports = fit_reports()
     print(format_reports(reports))
@@ -1070,50 +1074,53 @@ def test_tilelang_decode_fits_ampere():
 
 
 @pytest.mark.aot
-def test_tilelang_decode_aot_build_and_refusal(tmp_path, monkeypatch):
-    """The image's AOT step: a TileLang cache folder and a manifest for both arches; a
+def test_tilelang_kernels_aot_build_and_refusal(tmp_path, monkeypatch):
+    """The image's AOT step for these kernels (``aot.build_sparse_mla``, part of ``python -m
+    deepinfer_sm80.aot build``): a TileLang cache folder and a manifest for both arches; a
     misfit (here: forced) fails the build with the kernel named."""
     import json
 
     from tilelang.cache import _dispatch_map
 
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+    from deepinfer_sm80 import aot
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 
     # Kernels this process already compiled would come from TileLang's memory caches and
     # never reach the new folder; the image build is a fresh process.
     for cache in _dispatch_map.values():
         monkeypatch.setattr(cache, "_memory_cache", {})
-    assert tilelang_decode.main(["aot", str(tmp_path / "ok"), "--arches", "8.0 8.6"]) == 0
+    built = aot.build_sparse_mla(tmp_path / "ok", [80, 86])
     manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
+    assert manifest == built
     assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 24
+    assert all(k["error"] is None for k in manifest["kernels"])
     assert any((tmp_path / "ok" / "tilelang").rglob("*")), "no TileLang cache entries written"
     # Three CTAs per SM caps registers at 80: the kernel spills (measured: 108 B on sm_80).
-    monkeypatch.setattr(tilelang_decode, "MIN_CTAS_PER_SM", 3)
+    monkeypatch.setattr(tilelang_kernels, "MIN_CTAS_PER_SM", 3)
     with pytest.raises(RuntimeError, match=r"decode_tl\[128\+512[^\n]* on sm_80: spills"):
-        tilelang_decode.aot_build(tmp_path / "bad", [80])
-    assert tilelang_decode.main(["aot", str(tmp_path / "x"), "--arches", "9.0"]) == 2
+        aot.build_sparse_mla(tmp_path / "bad", [80])
 
 
 @pytest.mark.aot
 @pytest.mark.parametrize("kind", ["wide", "narrow", "narrow-register", "prefill", "prefill-narrow"])
-def test_tilelang_decode_refuses_a_too_small_shared_buffer(monkeypatch, kind):
-    """decode_sm80.cuh's static_assert ties its Smem struct to smem_bytes(), the size
+def test_tilelang_kernels_refuse_a_too_small_shared_buffer(monkeypatch, kind):
+    """attention_sm80.cuh's static_assert ties its Smem struct to smem_bytes(), the size
     TileLang allocates: a formula that undercounts fails the build instead of overrunning
-    shared memory. The shipped size compiles (test_tilelang_decode_fits_ampere)."""
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+    shared memory. The shipped size compiles (test_tilelang_kernels_fit_ampere)."""
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
     from deepinfer_sm80.tilelang_build import cuda_target, get_kernel
 
     # A split size nothing else compiles: this process's kernel cache cannot answer.
     if kind.startswith("prefill"):
-        variant = tilelang_decode.prefill_variant(176, True, True, narrow=kind.endswith("narrow"))
+        variant = tilelang_kernels.prefill_variant(176, True, True, narrow=kind.endswith("narrow"))
     else:
         rows = 336 if kind == "narrow-register" else 176  # 336: the register path for PV
-        variant = tilelang_decode.DecodeVariant(
+        variant = tilelang_kernels.DecodeVariant(
             128, 512, True, True, rows, narrow=kind.startswith("narrow")
         )
         assert variant.register_pv == (kind == "narrow-register")
-    real = tilelang_decode.DecodeVariant.smem_bytes
-    monkeypatch.setattr(tilelang_decode.DecodeVariant, "smem_bytes", lambda v: real(v) - 8)
+    real = tilelang_kernels.DecodeVariant.smem_bytes
+    monkeypatch.setattr(tilelang_kernels.DecodeVariant, "smem_bytes", lambda v: real(v) - 8)
     with pytest.raises(Exception, match=r"smem_bytes\(\) is smaller than Smem"):
         get_kernel(variant, cuda_target(80))
 
@@ -1122,16 +1129,16 @@ def test_tilelang_launch_refuses_what_its_kernel_cannot_take(monkeypatch):
     """Checked before anything reaches the GPU: q/out must be 4-byte aligned with even
     strides (the kernel moves bf16 pairs), and arch.py's BLOCK_H/BLOCK_N must state the
     kernel's fixed 16 x 16 tile."""
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 
     flat = torch.zeros(2 * 64 * 512 + 1, dtype=torch.bfloat16)
     odd = flat[1:].view(2, 64, 512)  # 2-byte offset
     good = torch.zeros(2, 64, 512, dtype=torch.bfloat16)
     args = (None,) * 8 + (1.0, 64, 128, 1, None, None)
     with pytest.raises(ValueError, match=r"q: the TileLang decode needs a 4-byte-aligned"):
-        tilelang_decode.launch(odd, good, *args)
+        tilelang_kernels.launch(odd, good, *args)
     with pytest.raises(ValueError, match=r"out: .*DEEPINFER_SPARSE_MLA_DECODE=triton"):
-        tilelang_decode.launch(good, odd, *args)
+        tilelang_kernels.launch(good, odd, *args)
     cfg = arch.KERNEL_CONFIGS["sparse_mla.decode_tilelang"]
     consts = {**cfg.constexpr_dict(), "BLOCK_N": 32}
     monkeypatch.setitem(
@@ -1140,7 +1147,7 @@ def test_tilelang_launch_refuses_what_its_kernel_cannot_take(monkeypatch):
         dataclasses.replace(cfg, constexprs=tuple(consts.items())),
     )
     with pytest.raises(ValueError, match=r"BLOCK_H/BLOCK_N are the kernel's fixed tile"):
-        tilelang_decode.launch(good, good, *args)
+        tilelang_kernels.launch(good, good, *args)
 
 
 @pytest.mark.parametrize("heads", [1, 5, 8, 9, 16, 64])
@@ -1149,17 +1156,17 @@ def test_tilelang_launch_picks_the_kernel_by_head_count(monkeypatch, heads):
     arch.py's PREFETCH); more run the wide one. The head count is fixed per deployment,
     so a token's kernel -- and its bits -- never depend on the batch. Checked without a
     GPU: the variant that would be compiled is captured."""
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 
     picked = []
     monkeypatch.setattr(
-        tilelang_decode, "get_kernel", lambda v: picked.append(v) or (lambda *a: None)
+        tilelang_kernels, "get_kernel", lambda v: picked.append(v) or (lambda *a: None)
     )
     q = torch.zeros(2, 64, 512, dtype=torch.bfloat16)
     cache = torch.zeros(3, 64, 584, dtype=torch.uint8)
     idx = torch.zeros(2, 128, dtype=torch.int32)
     lens = torch.zeros(2, dtype=torch.int32)
-    tilelang_decode.launch(
+    tilelang_kernels.launch(
         q, q, None, cache, idx, lens, None, None, None, None, 1.0, heads, 192, 2, q, q
     )
     (variant,) = picked
@@ -1169,4 +1176,4 @@ def test_tilelang_launch_picks_the_kernel_by_head_count(monkeypatch, heads):
     assert variant.smem_bytes() <= 48 * 1024
     assert ("decode_cta_narrow<" in variant.callee()) == (heads <= 8)
     with pytest.raises(ValueError, match=r"prefetch: the narrow kernel keeps 1 tile"):
-        tilelang_decode.DecodeVariant(128, 512, True, True, 192, prefetch=2, narrow=True)
+        tilelang_kernels.DecodeVariant(128, 512, True, True, 192, prefetch=2, narrow=True)

@@ -311,18 +311,18 @@ def test_stale_entries_are_reported(coverage):
     assert any("_C::no_such_op" in s for s in stale)
 
 
-def test_our_tilelang_decode_is_on_the_path_and_checked_by_its_package(coverage):
+def test_our_tilelang_kernels_are_on_the_path_and_checked_by_their_module(coverage):
     """The sparse-MLA decode's TileLang kernel is reached from the plugin; the proof
-    accepts it because its module defines fit_reports() (test_tilelang_decode_fits_ampere
+    accepts it because its module defines fit_reports() (test_tilelang_kernels_fit_ampere
     checks them), and would refuse a module without one."""
     ours = [
         k
         for k, v in coverage.kernels_on_path.items()
-        if v.kind == "tilelang" and v.is_ours and "sparse_mla.tilelang_decode" in k
+        if v.kind == "tilelang" and v.is_ours and "sparse_mla.tilelang_kernels" in k
     ]
     assert ours, "the TileLang decode kernel is not on the walked path"
     index = coverage.final.index
-    assert proof.ships_tilelang_fit(index, "deepinfer_sm80.ops.sparse_mla.tilelang_decode")
+    assert proof.ships_tilelang_fit(index, "deepinfer_sm80.ops.sparse_mla.tilelang_kernels")
     assert not proof.ships_tilelang_fit(index, "deepinfer_sm80.ops.engram.triton_kernel")
 
 

@@ -62,14 +62,19 @@ def test_mhc_warmup_gets_the_servers_sizes_model_constants_and_aot_folder(monkey
     assert seen["max_tokens"] == 4096 and seen["aot_dir"] == tmp_path / "mhc"
     assert (seen["model"].rms_norm_eps, seen["model"].hc_eps) == (1e-6, 1e-5)
     assert seen["model"].sinkhorn_iters == 7
+    # A folder that is not there is passed on as it is: seeding skips it
+    # (test_aot.py::test_warm_seeds_only_from_an_aot_folder_that_exists).
     monkeypatch.setenv("DEEPINFER_AOT_DIR", str(tmp_path / "absent"))
+    warmup.warm_overlay_kernels(_runner())
+    assert seen["aot_dir"] == tmp_path / "absent" / "mhc"
+    monkeypatch.delenv("DEEPINFER_AOT_DIR")
     warmup.warm_overlay_kernels(_runner())
     assert seen["aot_dir"] is None
 
 
 def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypatch):
     from deepinfer_sm80.ops.mhc import warmup as mhc_warmup
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode, triton_kernel
+    from deepinfer_sm80.ops.sparse_mla import engine, tilelang_kernels
     from deepinfer_sm80.vllm_plugin import warmup
 
     monkeypatch.setattr(mhc_warmup, "prepare_mhc_kernels", lambda *a, **k: [{"variant": "m"}])
@@ -79,22 +84,22 @@ def test_sparse_mla_decode_kernels_warm_where_the_tilelang_decode_runs(monkeypat
         seen["aot_dir"] = aot_dir
         return [{"variant": "d"}]
 
-    monkeypatch.setattr(tilelang_decode, "warmup", fake_warmup)
+    monkeypatch.setattr(tilelang_kernels, "warmup", fake_warmup)
     reserved = []
     monkeypatch.setattr(
-        tilelang_decode, "reserve_split_counters", lambda d, n: reserved.append((d.type, n))
+        tilelang_kernels, "reserve_split_counters", lambda d, n: reserved.append((d.type, n))
     )
     monkeypatch.setenv("DEEPINFER_AOT_DIR", "/opt/kernels")
     # This machine (CPU, interpreter): the Triton decode runs, nothing to compile.
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}]
-    monkeypatch.setattr(triton_kernel, "decode_engine", lambda device: "tilelang")
+    monkeypatch.setattr(engine, "decode_engine", lambda device: "tilelang")
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}, {"variant": "d"}]
     assert str(seen["aot_dir"]) == "/opt/kernels/sparse_mla"
     # The in-kernel split merge's counters, sized for the largest batch before any capture.
     assert reserved == [("cpu", _runner().scheduler_config.max_num_batched_tokens)]
     # TileLang prefill alone (decode forced to Triton): its kernels compile, no counters.
-    monkeypatch.setattr(triton_kernel, "decode_engine", lambda device: "triton")
-    monkeypatch.setattr(triton_kernel, "prefill_engine", lambda device: "tilelang")
+    monkeypatch.setattr(engine, "decode_engine", lambda device: "triton")
+    monkeypatch.setattr(engine, "prefill_engine", lambda device: "tilelang")
     assert warmup.warm_overlay_kernels(_runner()) == [{"variant": "m"}, {"variant": "d"}]
     assert len(reserved) == 1
 

@@ -20,7 +20,7 @@ from deepinfer_sm80.deploy.schema import Topology
 
 NUM_HEADS = 64  # attention heads (HF config num_attention_heads)
 # The variable the sparse-MLA decode's split policy reads
-# (ops/sparse_mla/triton_kernel.DECODE_SPLITS_ENV), spelled out here because deploy/ never
+# (ops/sparse_mla/engine.DECODE_SPLITS_ENV), spelled out here because deploy/ never
 # imports torch (ARCHITECTURE.md); a test ties them.
 DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
 MOE_INTERMEDIATE = 2304  # moe_intermediate_size

@@ -13,8 +13,9 @@ Environment:
 - ``DEEPINFER_RUNTIME_DIR``: where the status JSON goes (default: $TMPDIR/deepinfer).
 - ``DEEPINFER_YOCO=0``: turn off the per-step reuse of index metadata across a KV-sharing
   group in the Ampere attention layer (``yoco.py``); on by default.
-- ``DEEPINFER_AOT_DIR``: ahead-of-time Triton kernels to seed the Triton cache from (the
-  image sets /opt/deepinfer/kernels; see ``deepinfer_sm80.aot``).
+- ``DEEPINFER_AOT_DIR``: ahead-of-time Triton, mHC and sparse MLA kernels to seed the
+  Triton and TileLang caches from (the image sets /opt/deepinfer/kernels; see
+  ``deepinfer_sm80.aot``).
 
 The pipeline relay (``pp_relay``) is wired but inert unless ``DEEPINFER_PP_RELAY=1``
 (``model_topology.plugin_capabilities``; the launcher sets it for every worker when the

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 from vllm.v1.worker.gpu.warmup import run_mixed_prefill_decode_warmup
 from vllm.v1.worker.gpu.warmup import warmup_kernels as _vllm_warmup_kernels
@@ -41,15 +40,15 @@ def _mhc_model_config(hf_config):
 def warm_overlay_kernels(model_runner) -> list[dict]:
     """Compile every mHC and sparse-MLA decode variant this server can launch. Returns
     the per-variant log."""
+    from deepinfer_sm80 import aot
     from deepinfer_sm80.ops.mhc.warmup import prepare_mhc_kernels
 
     max_tokens = int(model_runner.scheduler_config.max_num_batched_tokens)
-    aot = envs.get("DEEPINFER_AOT_DIR")
-    aot_mhc = Path(aot) / "mhc" if aot else None
+    aot_dir = envs.get("DEEPINFER_AOT_DIR")
     start = time.perf_counter()
     records = prepare_mhc_kernels(
         max_tokens,
-        aot_dir=aot_mhc if aot_mhc is not None and aot_mhc.is_dir() else None,
+        aot_dir=aot.tilelang_aot_dir(aot_dir, aot.MHC_SUBDIR),
         model=_mhc_model_config(model_runner.model_config.hf_config),
         log=logger.info,
     )
@@ -63,17 +62,18 @@ def warm_overlay_kernels(model_runner) -> list[dict]:
     # CUDA-graph capture or a first request; skipped where the Triton kernels run.
     import torch
 
-    from deepinfer_sm80.ops.sparse_mla import tilelang_decode
-    from deepinfer_sm80.ops.sparse_mla.triton_kernel import decode_engine, prefill_engine
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
+    from deepinfer_sm80.ops.sparse_mla.engine import decode_engine, prefill_engine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     decode = decode_engine(device)
     if "tilelang" in (decode, prefill_engine(device)):
-        aot_mla = Path(aot) / "sparse_mla" if aot else None
-        records += tilelang_decode.warmup(log=logger.info, aot_dir=aot_mla)
+        records += tilelang_kernels.warmup(
+            log=logger.info, aot_dir=aot.tilelang_aot_dir(aot_dir, aot.SPARSE_MLA_SUBDIR)
+        )
     if decode == "tilelang":
         # The in-kernel split merge's counters, sized before vLLM captures CUDA graphs.
-        tilelang_decode.reserve_split_counters(device, max_tokens)
+        tilelang_kernels.reserve_split_counters(device, max_tokens)
     return records
 
 

@@ -2,8 +2,8 @@
 
 A ``KernelVariant`` names one of the builders in ``tilelang_kernels`` and its compile-time
 parameters; ``deepinfer_sm80.tilelang_build.get_kernel`` compiles it (through TileLang's
-cache, with the backend pinned there) and ``warmup.py`` builds the shipped ones ahead of
-time.
+cache, with the backend pinned there). ``warmup.py`` lists the shipped ones, which
+``python -m deepinfer_sm80.aot build`` compiles ahead of time.
 """
 
 from __future__ import annotations

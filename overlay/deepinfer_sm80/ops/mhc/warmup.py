@@ -1,4 +1,4 @@
-"""Compile every mHC kernel a server will launch: at startup, or ahead of time without a GPU.
+"""Every mHC kernel a server launches: the shipped variants and their startup warmup.
 
 Startup (the plugin calls this once per worker, before the first forward)::
 
@@ -9,30 +9,17 @@ It copies AOT-built entries into the live TileLang cache (never overwriting), th
 for every variant the token-count buckets up to ``max_num_batched_tokens`` need; each
 one is either loaded from the cache or compiled, and one log line says which and how long.
 
-Ahead of time (image build, no GPU; nvcc from the ``nvidia-cuda-nvcc`` wheel)::
-
-    python -m deepinfer_sm80.ops.mhc.warmup aot /opt/deepinfer/kernels/mhc --arches "8.0 8.6"
-
-compiles each variant for each architecture with an explicit TileLang target
-``{"kind": "cuda", "arch": "sm_80"}`` (what TileLang's own detector builds on an A100,
-``sm_86`` on an A10/3090) into ``DEST/tilelang`` (a TileLang cache folder), checks each
-against the Ampere budget (``ptxas -v``: registers, spills; TileLang's dynamic shared
-memory attribute plus ptxas' static figure: <= 48 KB per CTA) and writes
-``DEST/manifest.json`` listing what was built, how long it took and its resources.
+Ahead of time (image build, no GPU), ``python -m deepinfer_sm80.aot build`` compiles
+``shipped_variants()`` for sm_80 and sm_86 into ``DEEPINFER_AOT_DIR/mhc`` and checks each
+against the Ampere budget (``deepinfer_sm80.tilelang_build.aot_build``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from deepinfer_sm80.ampere_fit import fit_violations
-from deepinfer_sm80.arch import parse_ampere_arches
 from deepinfer_sm80.ops.mhc.compile import KernelVariant
 from deepinfer_sm80.ops.mhc.geometry import (
     HC_MULT,
@@ -40,12 +27,7 @@ from deepinfer_sm80.ops.mhc.geometry import (
     SINKHORN_ITERS,
     TC_MIN_TOKENS,
 )
-from deepinfer_sm80.tilelang_build import (
-    MANIFEST,
-    compile_into_cache,
-    get_kernel,
-    seed_tilelang_cache,
-)
+from deepinfer_sm80.tilelang_build import warm
 
 logger = logging.getLogger("deepinfer_sm80.mhc")
 
@@ -111,90 +93,12 @@ def _log(msg: str) -> None:
     logger.info(msg)
 
 
-def warmup_mhc_kernels(
-    max_num_batched_tokens: int,
-    model: MhcModelConfig = MhcModelConfig(),
-    target: dict | str = "auto",
-    log=_log,
-) -> list[dict]:
-    """Compile (or load from the TileLang cache) every shipped variant; one log line each."""
-    records = []
-    t_all = time.perf_counter()
-    for variant in shipped_variants(max_num_batched_tokens, model):
-        t0 = time.perf_counter()
-        get_kernel(variant, target)
-        dt = time.perf_counter() - t0
-        records.append({"variant": variant.label, "target": str(target), "seconds": dt})
-        log(f"mHC kernel {variant.label} for {target}: ready in {dt:.2f} s")
-    log(
-        f"mHC: {len(records)} kernel variants ready in {time.perf_counter() - t_all:.1f} s "
-        f"(max_num_batched_tokens={max_num_batched_tokens})"
-    )
-    return records
-
-
 def prepare_mhc_kernels(
     max_num_batched_tokens: int,
     aot_dir: Path | str | None = None,
     model: MhcModelConfig = MhcModelConfig(),
     log=_log,
 ) -> list[dict]:
-    """What the plugin calls at startup: seed from the AOT folder, then warm every variant."""
-    if aot_dir is not None:
-        n = seed_tilelang_cache(aot_dir)
-        log(f"mHC: seeded {n} TileLang cache files from {aot_dir}")
-    return warmup_mhc_kernels(max_num_batched_tokens, model, "auto", log)
-
-
-def aot_build(
-    dest: Path | str,
-    ccs: list[int] = (80, 86),
-    max_num_batched_tokens: int = 8192,
-    model: MhcModelConfig = MhcModelConfig(),
-    log=_log,
-) -> dict:
-    """Compile every shipped variant for each ``sm_{cc}`` into ``dest``; raise if one misfits."""
-    dest = Path(dest)
-    reports, rows = compile_into_cache(
-        dest, shipped_variants(max_num_batched_tokens, model), ccs, log, "mHC"
-    )
-    manifest = {
-        "arches": [f"sm_{cc}" for cc in ccs],
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "model": asdict(model),
-        "kernels": rows,
-    }
-    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    problems = fit_violations(reports)
-    if problems:
-        raise RuntimeError("mHC AOT kernels do not fit Ampere:\n" + "\n".join(problems))
-    return manifest
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deepinfer_sm80.ops.mhc.warmup")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("aot", help="compile every shipped mHC kernel for Ampere into DEST")
-    a.add_argument("dest", type=Path)
-    a.add_argument("--arches", default="8.0 8.6")
-    a.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    s = sub.add_parser("seed", help="copy AOT entries from SRC into the TileLang cache")
-    s.add_argument("src", type=Path)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.cmd == "aot":
-        try:
-            manifest = aot_build(
-                args.dest, parse_ampere_arches(args.arches), args.max_num_batched_tokens, log=print
-            )
-        except (ValueError, RuntimeError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"{args.dest}: {len(manifest['kernels'])} kernel builds for {manifest['arches']}")
-        return 0
-    print(f"seeded {seed_tilelang_cache(args.src)} TileLang cache files from {args.src}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    """What the plugin calls at startup: seed from the AOT folder (when it exists), then
+    compile or load every shipped variant, one log line each."""
+    return warm(shipped_variants(max_num_batched_tokens, model), "mHC", aot_dir, "auto", log)

@@ -1,4 +1,8 @@
-"""Unified 512-dim sparse MLA for sm80/sm86: decode from fp8 V4 records, and prefill.
+"""Sparse MLA's Triton kernels for sm80/sm86: decode from fp8 V4 records, and prefill.
+
+The interpreter-checked path and the fallback where the TileLang kernels cannot run
+(``engine.py`` chooses; ``ops.py`` holds the public entry points and calls ``launch`` and
+``launch_reduce`` here on validated tensors).
 
 One kernel body serves both. A program owns one query token, ``BLOCK_H`` heads and one
 split of the token's selected rows; it walks the split in tiles of ``BLOCK_N`` rows:
@@ -21,29 +25,20 @@ ROWS_PER_SPLIT)`` (``arch.py``), never a function of the batch. A token with one
 writes its final output directly; the reduction kernel runs only when some token can
 have more than one split (``max splits > 1`` from the index widths), and skips tokens
 that had one. The TileLang decode merges its splits in the kernel instead
-(``tilelang_decode.MERGE_SPLITS``). No host sync and no data-dependent allocation: CUDA-graph safe.
+(``tilelang_kernels.MERGE_SPLITS``). No host sync and no data-dependent allocation: CUDA-graph safe.
 """
 
-import importlib.util
-import logging
 import math
-import sys
 
-import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80 import envs
 from deepinfer_sm80.arch import kernel_config
 from deepinfer_sm80.kernel_spec import KernelSpec
-from deepinfer_sm80.ops._triton_utils import INTERPRETING, mma
-from deepinfer_sm80.ops._validate import check_paged_records, check_tensor
+from deepinfer_sm80.ops._triton_utils import mma
 from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_ue8m0_to_bf16
-from deepinfer_sm80.ops.kv_cache.layout import HEAD_DIM, RECORD_BYTES
-from deepinfer_sm80.ops.sparse_mla import tilelang_decode
-from deepinfer_sm80.ops.sparse_mla.tilelang_decode import DSPARK_SWA_WIDTH_K5
+from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import DSPARK_SWA_WIDTH_K5
 
-LOG2E = 1.4426950408889634
 NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" keeps exp2(m_old - m_new) NaN-free
 
 
@@ -479,326 +474,20 @@ def sparse_mla_reduce_kernel(
         )
 
 
-def _as_cache(name: str, cache: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Accept vLLM's ``[blocks, bs, 584]`` or FlashMLA's ``[blocks, bs, 1, 584]``."""
-    check_tensor(name, cache, dtype=torch.uint8, ndim=(3, 4), device=device)
-    if cache.dim() == 4:
-        if cache.shape[2] != 1:
-            raise ValueError(f"{name}: expected one KV head, got shape {tuple(cache.shape)}")
-        cache = cache.squeeze(2)
-    if cache.shape[-1] != RECORD_BYTES:
-        raise ValueError(
-            f"{name}: expected contiguous {RECORD_BYTES}-byte V4 records, got shape "
-            f"{tuple(cache.shape)} (528/288-byte V4.1 records are SM100-only)"
-        )
-    check_paged_records(name, cache, RECORD_BYTES)
-    if cache.stride(0) % 16 or cache.data_ptr() % 16:
-        # The kernel loads records as 16-byte vectors; vLLM's pages always qualify.
-        raise ValueError(
-            f"{name}: pages must start on 16-byte boundaries (page stride "
-            f"{cache.stride(0)} B, address % 16 = {cache.data_ptr() % 16}); allocate the "
-            f"cache with a page stride that is a multiple of 16"
-        )
-    return cache
-
-
-def _as_rows(name: str, idx: torch.Tensor, num_tokens: int, device: torch.device) -> torch.Tensor:
-    check_tensor(name, idx, dtype=torch.int32, ndim=(2, 3), device=device)
-    if idx.dim() == 3:
-        if idx.shape[1] != 1:
-            raise ValueError(f"{name}: expected [T, 1, W] (one KV head), got {tuple(idx.shape)}")
-        idx = idx[:, 0]
-    if idx.shape[0] != num_tokens or (idx.shape[1] > 0 and idx.stride(1) != 1):
-        raise ValueError(
-            f"{name}: expected [{num_tokens}, W] with contiguous rows, got {tuple(idx.shape)}"
-        )
-    return idx
-
-
-def _as_lengths(
-    name: str, lengths: torch.Tensor | None, num_tokens: int, device: torch.device
-) -> torch.Tensor | None:
-    if lengths is None:
-        return None
-    check_tensor(name, lengths, dtype=torch.int32, ndim=1, device=device)
-    if lengths.shape[0] != num_tokens:
-        raise ValueError(f"{name}: expected {num_tokens} entries, got {lengths.shape[0]}")
-    if num_tokens > 1 and lengths.stride(0) != 1:
-        raise ValueError(f"{name}: expected contiguous entries, got stride {lengths.stride(0)}")
-    return lengths
-
-
-def _check_sink(attn_sink: torch.Tensor | None, heads: int, device: torch.device) -> None:
-    if attn_sink is not None:
-        check_tensor("attn_sink", attn_sink, dtype=torch.float32, ndim=1, device=device)
-        if attn_sink.shape[0] < heads:
-            raise ValueError(f"attn_sink: needs >= {heads} entries, got {attn_sink.shape[0]}")
-        if heads > 1 and attn_sink.stride(0) != 1:
-            raise ValueError(
-                f"attn_sink: expected contiguous entries, got stride {attn_sink.stride(0)}"
-            )
-
-
-def sparse_mla_decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    indices: torch.Tensor,
-    topk_length: torch.Tensor | None,
-    softmax_scale: float,
-    attn_sink: torch.Tensor | None = None,
-    extra_k_cache: torch.Tensor | None = None,
-    extra_indices: torch.Tensor | None = None,
-    extra_topk_length: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_heads: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sparse MLA decode straight from 584-byte V4 records (FlashMLA's sparse fp8 decode).
-
-    Args:
-        q: ``[T, Hp, 512]`` (or ``[T, 1, Hp, 512]``) bf16, heads padded to ``Hp``.
-        k_cache: the layer's SWA cache ``[blocks, bs, 584]`` (or ``[blocks, bs, 1, 584]``).
-        indices: ``[T, W]`` (or ``[T, 1, W]``) int32 global slots, -1 = none.
-        topk_length: ``[T]`` int32 leading entries of ``indices`` to use, or None (all W).
-        softmax_scale: scale of QK^T (512**-0.5 for DeepSeek-V4.1).
-        attn_sink: ``[>= Hp]`` f32 per-head sink logit, denominator only; None = no sink.
-        extra_k_cache, extra_indices, extra_topk_length: the compressed cache and its
-            Top-K slots and lengths (None on SWA-only layers).
-        out: ``[T, Hp, 512]`` bf16 written in place (rows of padded heads untouched).
-        num_heads: real heads (64 / TP); heads past it are padding and get no work.
-
-    Returns:
-        ``(out, lse)``: lse ``[T, Hp]`` f32, natural log of the sum of exp(logits) (sink
-        excluded; -inf for a token with no valid row; padded heads unwritten).
-    """
-    squeeze_q = q.dim() == 4
-    if squeeze_q:
-        if q.shape[1] != 1:
-            raise ValueError(f"q: decode takes one query per sequence, got {tuple(q.shape)}")
-        q = q[:, 0]
-    check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
-    T, Hp, D = q.shape
-    if D != HEAD_DIM or q.stride(-1) != 1:
-        raise ValueError(
-            f"q: expected [T, Hp, {HEAD_DIM}] with unit last stride, got {tuple(q.shape)}"
-        )
-    heads = Hp if num_heads is None else num_heads
-    if not 0 < heads <= Hp:
-        raise ValueError(f"num_heads: expected 1..{Hp} (q's padded head count), got {heads}")
-    main = _as_cache("k_cache", k_cache, q.device)
-    main_idx = _as_rows("indices", indices, T, q.device)
-    main_len = _as_lengths("topk_length", topk_length, T, q.device)
-    has_extra = extra_k_cache is not None
-    if has_extra != (extra_indices is not None):
-        raise ValueError("extra_k_cache and extra_indices must be given together")
-    if has_extra:
-        extra = _as_cache("extra_k_cache", extra_k_cache, q.device)
-        extra_idx = _as_rows("extra_indices", extra_indices, T, q.device)
-        extra_len = _as_lengths("extra_topk_length", extra_topk_length, T, q.device)
-        if extra_len is None:
-            extra_len = torch.full((T,), extra_idx.shape[1], dtype=torch.int32, device=q.device)
-    else:
-        extra, extra_idx, extra_len = main, main_idx, main_len
-    _check_sink(attn_sink, heads, q.device)
-    if main_len is None and has_extra:
-        main_len = torch.full((T,), main_idx.shape[1], dtype=torch.int32, device=q.device)
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        if out.dim() == 4:
-            out = out[:, 0]
-        check_tensor("out", out, dtype=torch.bfloat16, ndim=3, device=q.device)
-        if out.shape != q.shape or out.stride(-1) != 1:
-            raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(out.shape)}")
-    lse = torch.empty((T, Hp), dtype=torch.float32, device=q.device)
-    if T == 0:
-        return out, lse
-    engine = decode_engine(q.device)
-    cfg_name = "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
-    _launch(
-        q,
-        out,
-        lse,
-        None,
-        main,
-        main_idx,
-        main_len,
-        extra if has_extra else None,
-        extra_idx,
-        extra_len,
-        attn_sink,
-        softmax_scale,
-        heads,
-        kv_fp8=True,
-        rows_per_split=decode_rows_per_split(
-            engine, heads, main_idx.shape[1] + (extra_idx.shape[1] if has_extra else 0)
-        ),
-        cfg_name=cfg_name,
-        engine=engine,
+def _shape_meta(main_idx, main_len, extra, extra_idx, attn_sink, rows_per_split, max_splits):
+    """The constexprs both kernels take from a launch's shapes and optional inputs."""
+    return dict(
+        MAIN_WIDTH=main_idx.shape[1],
+        EXTRA_WIDTH=extra_idx.shape[1] if extra is not None else 0,
+        HAS_EXTRA=extra is not None,
+        HAS_LEN=main_len is not None,
+        HAS_SINK=attn_sink is not None,
+        ROWS_PER_SPLIT=rows_per_split,
+        MAX_SPLITS=max_splits,
     )
-    return out, lse
 
 
-DECODE_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_DECODE"
-PREFILL_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_PREFILL"
-DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
-
-
-def decode_split_mode() -> str:
-    """``DEEPINFER_SPARSE_MLA_DECODE_SPLITS``: ``latency`` (default) or ``throughput``.
-    A deployment setting, fixed for the server's life: a token's split count still depends
-    only on its own rows, so outputs stay batch-invariant in either mode."""
-    return envs.choice(DECODE_SPLITS_ENV)
-
-
-def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
-    """Rows per split of a decode launch: arch.py's ``ROWS_PER_SPLIT``, or in throughput
-    mode, for the TileLang kernels and index rows wider than that,
-    ``THROUGHPUT_ROWS_PER_SPLIT``. Fewer splits cut each split's fixed cost (row
-    resolution, partials, the merge) at large batches and lengthen a small batch's longest
-    CTA. The Triton kernel (the fallback, and the interpreter's path) keeps
-    ROWS_PER_SPLIT: the throughput split was measured for the TileLang kernels only, both
-    of which fit a 640-row split in 48 KB. ``heads`` is for the warning."""
-    cfg_name = "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
-    cfg = kernel_config(cfg_name).constexpr_dict()
-    rps = cfg["ROWS_PER_SPLIT"]
-    if decode_split_mode() == "latency" or width <= rps:
-        return rps
-    if engine != "tilelang":
-        _warn_once(
-            f"{DECODE_SPLITS_ENV}=throughput applies to the TileLang kernels; {heads} heads "
-            f"on the {engine} kernel keep {rps} rows per split"
-        )
-        return rps
-    return cfg["THROUGHPUT_ROWS_PER_SPLIT"]
-
-
-def decode_engine(device: torch.device) -> str:
-    """Which decode kernel runs: ``tilelang`` (``decode_sm80.cuh``, one warp per 64-dim
-    scale group) where it can (a CUDA device of compute capability 8.0+, TileLang
-    installed, no Triton interpreter), else ``triton`` (this module's unified kernel).
-    ``DEEPINFER_SPARSE_MLA_DECODE=triton|tilelang`` forces one; forcing ``tilelang``
-    where it cannot run is refused with the reason."""
-    return _engine(device, DECODE_ENGINE_ENV, "decode")
-
-
-def prefill_engine(device: torch.device) -> str:
-    """The same choice for prefill (``DEEPINFER_SPARSE_MLA_PREFILL``): ``tilelang`` runs
-    ``decode_sm80.cuh``'s kernels over the bf16 rows, ``triton`` this module's."""
-    return _engine(device, PREFILL_ENGINE_ENV, "prefill")
-
-
-def _engine(device: torch.device, env: str, what: str) -> str:
-    choice = envs.choice(env)
-    if choice == "triton":
-        return choice
-    why_not = _tilelang_unusable(device)
-    if why_not is None:
-        return "tilelang"
-    if choice == "tilelang":
-        raise ValueError(f"{env}=tilelang: {why_not}; unset it or choose triton")
-    if device.type == "cuda" and not INTERPRETING:  # auto fell back on a GPU: say so once
-        _warn_once(f"sparse MLA {what} runs the Triton kernel: {why_not}")
-    return "triton"
-
-
-def _tilelang_unusable(device: torch.device) -> str | None:
-    """Why the TileLang kernels cannot run on ``device`` (None = they can)."""
-    if device.type != "cuda" or INTERPRETING:
-        return f"it needs a CUDA device without TRITON_INTERPRET (got {device})"
-    if "tilelang" not in sys.modules and importlib.util.find_spec("tilelang") is None:
-        return "TileLang is not installed (pip install tilelang==0.1.12, as vLLM 0.33.0 pins)"
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
-        return f"it needs compute capability 8.0 or newer (this GPU is {major}.{minor})"
-    return None
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logging.getLogger("deepinfer_sm80.sparse_mla").warning(message)
-
-
-def sparse_mla_prefill(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sm_scale: float,
-    attn_sink: torch.Tensor | None = None,
-    topk_length: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sparse MLA prefill over the bf16 gather workspace (FlashMLA ``sparse_prefill_fwd``).
-
-    Args:
-        q: ``[T, H, 512]`` bf16.
-        kv: ``[S, 512]`` (or ``[S, 1, 512]``) bf16 rows (``dequantize_and_gather_k_cache``).
-        indices: ``[T, W]`` (or ``[T, 1, W]``) int32 row ids; -1 or >= S are skipped.
-        sm_scale: scale of QK^T.
-        attn_sink: ``[>= H]`` f32 or None.
-        topk_length: ``[T]`` int32 leading entries to use, or None (all W).
-        out: ``[T, H, 512]`` bf16 written in place.
-
-    Returns:
-        ``(out, max_logits [T, H], lse [T, H])`` in natural-log units; sink excluded.
-    """
-    check_tensor("q", q, dtype=torch.bfloat16, ndim=3)
-    T, H, D = q.shape
-    if D != HEAD_DIM or q.stride(-1) != 1:
-        raise ValueError(
-            f"q: expected [T, H, {HEAD_DIM}] with unit last stride, got {tuple(q.shape)}"
-        )
-    check_tensor("kv", kv, dtype=torch.bfloat16, ndim=(2, 3), device=q.device)
-    if kv.dim() == 3:
-        if kv.shape[1] != 1:
-            raise ValueError(f"kv: expected one KV head, got {tuple(kv.shape)}")
-        kv = kv[:, 0]
-    if kv.shape[-1] != HEAD_DIM or kv.stride(-1) != 1:
-        raise ValueError(f"kv: expected [S, {HEAD_DIM}] rows, got {tuple(kv.shape)}")
-    idx = _as_rows("indices", indices, T, q.device)
-    lens = _as_lengths("topk_length", topk_length, T, q.device)
-    _check_sink(attn_sink, H, q.device)
-    if out is None:
-        out = torch.empty_like(q)
-    else:
-        check_tensor("out", out, dtype=torch.bfloat16, ndim=3, device=q.device)
-        if out.shape != q.shape or out.stride(-1) != 1:
-            raise ValueError(f"out: expected shape {tuple(q.shape)}, got {tuple(out.shape)}")
-    lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
-    max_logits = torch.empty_like(lse)
-    if T == 0:
-        return out, max_logits, lse
-    # Prefill has tokens enough to fill the GPU: one split per token.
-    if prefill_engine(q.device) == "tilelang":
-        tilelang_decode.launch_prefill(
-            q, out, lse, max_logits, kv, idx, lens, attn_sink, sm_scale * LOG2E, H
-        )
-        return out, max_logits, lse
-    _launch(
-        q,
-        out,
-        lse,
-        max_logits,
-        kv,
-        idx,
-        lens,
-        None,
-        idx,
-        lens,
-        attn_sink,
-        sm_scale,
-        H,
-        kv_fp8=False,
-        rows_per_split=max(idx.shape[1], 1),
-        cfg_name="sparse_mla.prefill",
-    )
-    return out, max_logits, lse
-
-
-def _launch(
+def launch(
     q,
     out,
     lse,
@@ -810,26 +499,24 @@ def _launch(
     extra_idx,
     extra_len,
     attn_sink,
-    scale,
+    scale_log2,
     heads,
+    part_acc,
+    part_ml,
     *,
     kv_fp8,
     rows_per_split,
+    max_splits,
     cfg_name,
-    engine="triton",
 ):
+    """Run ``sparse_mla_fwd_kernel`` on tensors ``ops.py`` has validated: decode
+    (``kv_fp8``) over ``[blocks, bs, 584]`` record caches, prefill over ``[S, 512]`` bf16
+    rows. A token with one split writes ``out``/``lse`` (and ``max_logits`` when given);
+    with more, its splits write ``part_acc``/``part_ml`` for ``launch_reduce``."""
     T = q.shape[0]
     cfg = kernel_config(cfg_name)
     block_h = cfg.constexpr_dict()["BLOCK_H"]
     block_n = cfg.constexpr_dict()["BLOCK_N"]
-    main_width = main_idx.shape[1]
-    extra_width = extra_idx.shape[1] if extra is not None else 0
-    max_splits = max(1, math.ceil((main_width + extra_width) / rows_per_split))
-    if max_splits > 1:
-        part_acc = torch.empty((T, heads, max_splits, 512), dtype=torch.float32, device=q.device)
-        part_ml = torch.empty((T, heads, max_splits, 2), dtype=torch.float32, device=q.device)
-    else:
-        part_acc = part_ml = lse  # never touched
     if kv_fp8:
         main_rows = main.shape[0] * main.shape[1]
         extra_rows = extra.shape[0] * extra.shape[1] if extra is not None else 0
@@ -837,101 +524,83 @@ def _launch(
     else:
         main_rows, extra_rows, main_bs, extra_bs = main.shape[0], 0, 1, 1
     head_blocks = triton.cdiv(heads, block_h)
-    meta = dict(
-        MAIN_WIDTH=main_width,
-        EXTRA_WIDTH=extra_width,
-        HAS_EXTRA=extra is not None,
-        HAS_LEN=main_len is not None,
-        HAS_SINK=attn_sink is not None,
-        ROWS_PER_SPLIT=rows_per_split,
-        MAX_SPLITS=max_splits,
+    sparse_mla_fwd_kernel[(T, head_blocks, max_splits)](
+        q,
+        q.stride(0),
+        q.stride(1),
+        out,
+        out.stride(0),
+        out.stride(1),
+        lse,
+        lse.stride(0),
+        max_logits if max_logits is not None else lse,
+        part_acc,
+        part_ml,
+        main,
+        main.stride(0),
+        main_rows,
+        main_idx,
+        main_idx.stride(0),
+        main_len if main_len is not None else main_idx,
+        extra if extra is not None else main,
+        extra.stride(0) if extra is not None else 0,
+        extra_rows,
+        extra_idx,
+        extra_idx.stride(0),
+        extra_len if extra_len is not None else main_idx,
+        attn_sink if attn_sink is not None else lse,
+        scale_log2,
+        heads,
+        T,
+        MAIN_BLOCK_SIZE=main_bs,
+        EXTRA_BLOCK_SIZE=extra_bs,
+        KV_FP8=kv_fp8,
+        STORE_MAX=max_logits is not None,
+        BLOCK_N=block_n,
+        PREFETCH=bool(cfg.constexpr_dict()["PREFETCH"]),
         BLOCK_H=block_h,
+        **cfg.launch_options(),
+        **_shape_meta(main_idx, main_len, extra, extra_idx, attn_sink, rows_per_split, max_splits),
     )
-    merged = False
-    if engine == "tilelang":
-        counters = None
-        if max_splits > 1 and tilelang_decode.MERGE_SPLITS:
-            counters = tilelang_decode.split_counters(
-                q.device, tilelang_decode.counter_slots(T, heads)
-            )
-            merged = True
-        tilelang_decode.launch(
-            q,
-            out,
-            lse,
-            main,
-            main_idx,
-            main_len,
-            extra,
-            extra_idx,
-            extra_len,
-            attn_sink,
-            scale * LOG2E,
-            heads,
-            rows_per_split,
-            cfg.constexpr_dict()["PREFETCH"],
-            part_acc,
-            part_ml,
-            counters,
-        )
-    else:
-        sparse_mla_fwd_kernel[(T, head_blocks, max_splits)](
-            q,
-            q.stride(0),
-            q.stride(1),
-            out,
-            out.stride(0),
-            out.stride(1),
-            lse,
-            lse.stride(0),
-            max_logits if max_logits is not None else lse,
-            part_acc,
-            part_ml,
-            main,
-            main.stride(0),
-            main_rows,
-            main_idx,
-            main_idx.stride(0),
-            main_len if main_len is not None else main_idx,
-            extra if extra is not None else main,
-            extra.stride(0) if extra is not None else 0,
-            extra_rows,
-            extra_idx,
-            extra_idx.stride(0),
-            extra_len if extra_len is not None else main_idx,
-            attn_sink if attn_sink is not None else lse,
-            scale * LOG2E,
-            heads,
-            T,
-            MAIN_BLOCK_SIZE=main_bs,
-            EXTRA_BLOCK_SIZE=extra_bs,
-            KV_FP8=kv_fp8,
-            STORE_MAX=max_logits is not None,
-            BLOCK_N=block_n,
-            PREFETCH=bool(cfg.constexpr_dict()["PREFETCH"]),
-            **cfg.launch_options(),
-            **meta,
-        )
-    if max_splits > 1 and not merged:
-        red = kernel_config("sparse_mla.reduce")
-        meta.pop("BLOCK_H")
-        rb = red.constexpr_dict()["BLOCK_H"]
-        sparse_mla_reduce_kernel[(T, triton.cdiv(heads, rb))](
-            out,
-            out.stride(0),
-            out.stride(1),
-            lse,
-            lse.stride(0),
-            part_acc,
-            part_ml,
-            main_len if main_len is not None else main_idx,
-            extra_len if extra_len is not None else main_idx,
-            attn_sink if attn_sink is not None else lse,
-            heads,
-            BLOCK_H=rb,
-            **red.launch_options(),
-            **meta,
-        )
+
+
+def launch_reduce(
+    out,
+    lse,
+    part_acc,
+    part_ml,
+    main_idx,
+    main_len,
+    extra,
+    extra_idx,
+    extra_len,
+    attn_sink,
+    heads,
+    *,
+    rows_per_split,
+    max_splits,
+):
+    """Merge the split partials of a decode launch (``sparse_mla_reduce_kernel``) into
+    ``out``/``lse``; tokens that had one split are skipped."""
+    T = out.shape[0]
+    red = kernel_config("sparse_mla.reduce")
+    rb = red.constexpr_dict()["BLOCK_H"]
+    sparse_mla_reduce_kernel[(T, triton.cdiv(heads, rb))](
+        out,
+        out.stride(0),
+        out.stride(1),
+        lse,
+        lse.stride(0),
+        part_acc,
+        part_ml,
+        main_len if main_len is not None else main_idx,
+        extra_len if extra_len is not None else main_idx,
+        attn_sink if attn_sink is not None else lse,
+        heads,
+        BLOCK_H=rb,
+        **red.launch_options(),
+        **_shape_meta(main_idx, main_len, extra, extra_idx, attn_sink, rows_per_split, max_splits),
+    )
 
 
 _MODULE = "deepinfer_sm80.ops.sparse_mla.triton_kernel"
@@ -1074,4 +743,4 @@ def ampere_kernel_specs() -> list[KernelSpec]:
     return specs
 
 
-__all__ = ["ampere_kernel_specs", "sparse_mla_decode", "sparse_mla_prefill"]
+__all__ = ["ampere_kernel_specs", "launch", "launch_reduce"]

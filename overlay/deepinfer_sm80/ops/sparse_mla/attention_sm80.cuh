@@ -56,7 +56,7 @@
 // its slice as they are, with no query bias and every factor 1. They also write the max
 // logit, which FlashMLA's prefill returns.
 //
-// Compiled through TileLang (tilelang_decode.py imports this file with T.import_source
+// Compiled through TileLang (tilelang_kernels.py imports this file with T.import_source
 // and calls deepinfer_mla::decode_cta from a T.Kernel): the per-warp MMAs on warp-private
 // tiles are below what T.gemm's CTA-wide warp policies express.
 #include <cuda_bf16.h>
@@ -408,7 +408,7 @@ __device__ __forceinline__ uint32_t factor_field(uint32_t s) {
 // one atomic with acquire-release semantics at GPU scope by one thread after a CTA
 // barrier; a fence in every thread before it measured 2-4% slower.
 //
-// The counters live in a buffer the host keeps per device (tilelang_decode.py). They are
+// The counters live in a buffer the host keeps per device (tilelang_kernels.py). They are
 // zero before a launch, and the last CTA puts its counter back to zero, so the next
 // launch on the stream finds them zero with no memset in between. Two decode launches
 // running at the same time on one device must not share the buffer (as with a cuBLAS
@@ -550,7 +550,7 @@ __device__ __forceinline__ void decode_cta(
     int64_t extra_len_addr, int64_t sink_addr, float scale_log2, int num_heads,
     uint8_t* smem_raw) {
   static_assert(kRowsPerSplit % kRows == 0, "splits must hold whole tiles");
-  // The buffer TileLang allocates is tilelang_decode.py's smem_bytes(): it must hold this.
+  // The buffer TileLang allocates is tilelang_kernels.py's smem_bytes(): it must hold this.
   using S = Smem<kRowsPerSplit, kBf16Rows ? 1 : kRowsPerSplit>;
   static_assert(sizeof(S) <= kSmemBytes, "smem_bytes() is smaller than Smem");
   auto& sm = *reinterpret_cast<S*>(smem_raw);
@@ -929,7 +929,7 @@ __device__ __forceinline__ void decode_cta(
 // through shared memory so that it is written with 16-byte (8-byte bf16) stores. Over bf16
 // rows (prefill, kBf16Rows) every warp takes the RoPE warp's path, as in the wide kernel.
 //
-// Long splits (kRegisterPV, tilelang_decode.DecodeVariant.register_pv): one split of 640
+// Long splits (kRegisterPV, tilelang_kernels.DecodeVariant.register_pv): one split of 640
 // rows needs 14.8 KB of row tables, which do not fit beside the 32 KB of slices within
 // 48 KB. The NoPE warps then keep their decoded rows in registers until PV and build
 // V^T's A fragments from them with movmatrix (an 8 x 8 transpose across the warp: QK's

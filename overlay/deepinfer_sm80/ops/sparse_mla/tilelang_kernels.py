@@ -1,5 +1,5 @@
-"""Sparse MLA decode through TileLang: the warp-per-scale-group kernels of
-``decode_sm80.cuh`` (8 warps, each owning 64 of the 512 dims, so a record is decoded
+"""Sparse MLA decode and prefill through TileLang: the warp-per-scale-group kernels of
+``attention_sm80.cuh`` (8 warps, each owning 64 of the 512 dims, so a record is decoded
 once per CTA and no warp re-reads the query from shared memory): the wide kernel (16
 heads x 16 rows per tile) and, for 8 heads per rank or fewer, the narrow one (MMAs
 transposed so that n is the 8 heads, 32-row tiles). The head count is fixed per
@@ -24,10 +24,10 @@ it: the Triton interpreter does not apply, so its correctness tests are on the G
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepinfer_sm80 import tilelang_build
 from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES, kernel_config
 from deepinfer_sm80.tilelang_build import get_kernel
 
@@ -41,7 +41,7 @@ ROWS_PER_TILE = 16  # its tile, and the granule of every split
 # transposed so that n = 8 heads, 32-row tiles.
 NARROW_HEADS = 8
 NARROW_ROWS = 32
-SOURCE_FILE = Path(__file__).with_name("decode_sm80.cuh")
+SOURCE_FILE = Path(__file__).with_name("attention_sm80.cuh")
 # Two CTAs per SM on sm_80 and sm_86: 128 registers per thread at most.
 MIN_CTAS_PER_SM = 2
 
@@ -100,7 +100,7 @@ class DecodeVariant:
 
     @property
     def register_pv(self) -> bool:
-        """The narrow kernel's register path for PV (``kRegisterPV`` in decode_sm80.cuh),
+        """The narrow kernel's register path for PV (``kRegisterPV`` in attention_sm80.cuh),
         taken exactly when its slices path would not fit Ampere's 48 KB: long splits'
         row tables. With short splits the register path is 6-13% slower (H200)."""
         return (
@@ -118,7 +118,7 @@ class DecodeVariant:
 
     def smem_bytes(self) -> int:
         """``sizeof(Smem<rows_per_split>)`` (``SmemNarrow`` for the narrow kernel) in
-        decode_sm80.cuh (the kernel's static_assert refuses to compile if this is smaller)."""
+        attention_sm80.cuh (the kernel's static_assert refuses to compile if this is smaller)."""
         return self._smem_bytes(self.register_pv)
 
     def _smem_bytes(self, register_pv: bool) -> int:
@@ -278,7 +278,7 @@ def shipped_variants() -> list[DecodeVariant]:
     prefill: the two index widths of the bf16 workspace. vLLM always passes the lengths
     and the sink. Decode's split size and prefetch depth are arch.py's; both kernels also
     ship the throughput split size for the widths past ROWS_PER_SPLIT
-    (``triton_kernel.decode_rows_per_split``)."""
+    (``engine.decode_rows_per_split``)."""
     cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
     rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
     widths = ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
@@ -314,75 +314,18 @@ def shipped_variants() -> list[DecodeVariant]:
 def fit_reports(ccs=(80, 86)) -> list:
     """``ampere_fit.FitReport`` per shipped variant and architecture (nvcc + ptxas -v
     through ``tilelang_build``, as the mHC kernels are measured)."""
-    from deepinfer_sm80.tilelang_build import fit_report
-
-    return [fit_report(v, cc)[0] for cc in ccs for v in shipped_variants()]
+    return tilelang_build.fit_reports(shipped_variants(), ccs)
 
 
 def warmup(log=print, aot_dir: Path | None = None) -> list[dict]:
     """Compile (or load from TileLang's cache) every shipped variant for this GPU, after
-    copying the image's AOT builds (``aot_dir``, see ``aot_build``) into that cache."""
-    from deepinfer_sm80.tilelang_build import seed_tilelang_cache
-
-    if aot_dir is not None and aot_dir.is_dir():
-        log(f"sparse MLA decode: seeded {seed_tilelang_cache(aot_dir)} TileLang cache files")
-    records = []
-    for variant in shipped_variants():
-        t0 = time.perf_counter()
-        get_kernel(variant)
-        dt = time.perf_counter() - t0
-        records.append({"variant": variant.label, "seconds": dt})
-        log(f"sparse MLA decode kernel {variant.label}: ready in {dt:.2f} s")
-    return records
-
-
-def aot_build(dest: Path, ccs=(80, 86), log=print) -> dict:
-    """Compile every shipped variant for each ``sm_{cc}`` into ``dest/tilelang`` (a
-    TileLang cache folder) and write ``dest/manifest.json``; raise if one misfits Ampere.
-    The image does this at build time, without a GPU, as for the mHC kernels."""
-    import json
-
-    from deepinfer_sm80.ampere_fit import fit_violations
-    from deepinfer_sm80.tilelang_build import MANIFEST, compile_into_cache, forget_compiled
-
-    # Kernels already compiled in this process would be served from memory and never
-    # reach the new cache folder.
-    forget_compiled()
-    reports, rows = compile_into_cache(
-        Path(dest), shipped_variants(), ccs, log, "sparse MLA decode"
-    )
-    manifest = {"arches": [f"sm_{cc}" for cc in ccs], "kernels": rows}
-    (Path(dest) / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    problems = fit_violations(reports)
-    if problems:
-        raise RuntimeError("sparse MLA decode kernels do not fit Ampere:\n" + "\n".join(problems))
-    return manifest
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m deepinfer_sm80.ops.sparse_mla.tilelang_decode aot DEST --arches "8.0 8.6"``"""
-    import argparse
-    import sys
-
-    from deepinfer_sm80.arch import parse_ampere_arches
-
-    parser = argparse.ArgumentParser(prog="python -m deepinfer_sm80.ops.sparse_mla.tilelang_decode")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("aot", help="compile every shipped decode kernel for Ampere into DEST")
-    a.add_argument("dest", type=Path)
-    a.add_argument("--arches", default="8.0 8.6")
-    args = parser.parse_args(argv)
-    try:
-        manifest = aot_build(args.dest, parse_ampere_arches(args.arches))
-    except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{args.dest}: {len(manifest['kernels'])} kernel builds for {manifest['arches']}")
-    return 0
+    copying the image's AOT builds (``aot_dir``: ``DEEPINFER_AOT_DIR/sparse_mla``, built
+    by ``python -m deepinfer_sm80.aot build``) into that cache."""
+    return tilelang_build.warm(shipped_variants(), "sparse MLA", aot_dir, "auto", log)
 
 
 # The last CTA of a split token merges the splits inside the decode kernel
-# (decode_sm80.cuh, last_split_to_arrive): no reduction launch follows. A fixed choice per
+# (attention_sm80.cuh, last_split_to_arrive): no reduction launch follows. A fixed choice per
 # process, so a token's bits never depend on the batch (the merge and the Triton reduction
 # fold in the same order but need not round alike).
 MERGE_SPLITS = True
@@ -480,7 +423,7 @@ def launch(
     part_ml,
     counters=None,
 ) -> None:
-    """Run the decode kernel on tensors the wrapper (``triton_kernel.sparse_mla_decode``)
+    """Run the decode kernel on tensors the wrapper (``ops.sparse_mla_decode``)
     has validated: all on q's device, caches ``[blocks, bs, 584]`` uint8 with
     16-byte-aligned pages, index rows ``[T, W]`` int32 with unit stride, contiguous
     lengths and sink, ``lse`` a fresh contiguous ``[T, Hp]`` f32. ``part_acc``/``part_ml``
@@ -539,7 +482,7 @@ def launch(
 def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2: float, heads):
     """Prefill through the decode kernels over bf16 rows (``DecodeVariant.bf16_rows``; the
     narrow kernel for 8 heads or fewer, as for decode), on
-    tensors ``triton_kernel.sparse_mla_prefill`` has validated: ``kv`` ``[S, 512]`` bf16
+    tensors ``ops.sparse_mla_prefill`` has validated: ``kv`` ``[S, 512]`` bf16
     rows, ``idx`` ``[T, W]`` int32 rows into it, ``lens`` ``[T]`` or None, ``lse`` and
     ``max_logits`` fresh ``[T, H]`` f32. One split per token, no partials. The kernel
     moves rows in 16-byte pieces and q/out as 32-bit pairs: misaligned tensors are refused
@@ -596,7 +539,3 @@ def prefill_variant(
     as for decode."""
     rows = max(ROWS_PER_TILE, -(-width // ROWS_PER_TILE) * ROWS_PER_TILE)
     return DecodeVariant(width, 0, has_len, has_sink, rows, 1, narrow, True)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

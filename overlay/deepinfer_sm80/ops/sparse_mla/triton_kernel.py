@@ -665,7 +665,7 @@ def ampere_kernel_specs() -> list[KernelSpec]:
 
     rps = kernel_config("sparse_mla.decode").constexpr_dict()["ROWS_PER_SPLIT"]
     # The reduction merges the Triton decode's partials, and the TileLang decode's when
-    # tilelang_decode.MERGE_SPLITS is off: one spec per split size.
+    # tilelang_kernels.MERGE_SPLITS is off: one spec per split size.
     reduce_rps = sorted(
         {
             kernel_config(name).constexpr_dict()["ROWS_PER_SPLIT"]

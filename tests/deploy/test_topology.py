@@ -407,17 +407,26 @@ def test_deploy_imports_neither_torch_nor_vllm():
     assert out.stdout.strip() == "[]"
 
 
-def test_makefile_reads_every_shipped_gpu_count():
-    """`make up` reserves GPU_COUNT read by a sed pattern from the topology file: every
-    shipped file must have that form, with the count the schema sees."""
-    import re
-
-    pattern = re.compile(r"^gpus: *\{ *count: *([0-9]*)", re.M)
+def test_gpus_prints_each_shipped_topologys_gpus_per_node(capsys):
+    """`make up` reserves `deepinfer gpus TOPOLOGY` GPUs: the count the schema reads, for
+    every shipped file, however the file writes it."""
     for path in sorted((CONFIG_DIR / "topologies").glob("*.yaml")):
-        m = pattern.search(path.read_text())
-        assert m, f"{path.name}: write `gpus: {{count: N, ...}}` on one line (Makefile reads it)"
         topo, _ = load(str(path))
-        assert int(m.group(1)) == topo.gpus.count, path.name
+        assert cli.main(["gpus", path.stem]) == 0
+        assert capsys.readouterr().out == f"{topo.gpus.count}\n", path.name
+    assert cli.main(["gpus", "tp4-pp2-2nodes"]) == 0
+    assert capsys.readouterr().out == "4\n"  # per node, not the whole server
+
+
+def test_gpus_names_a_bad_topology(tmp_path, capsys):
+    assert cli.main(["gpus", "tp3"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "no topology named 'tp3'; shipped ones:" in out.err
+    f = tmp_path / "t.yaml"
+    f.write_text("name: t\ngpus:\n  count: 0\nparallel: {tensor_parallel: 8}\n")
+    assert cli.main(["gpus", str(f)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and f"{f}: gpus.count:" in out.err
 
 
 def test_listen_host_is_the_container_side_bind_and_leaves_the_topology_alone():
@@ -460,19 +469,33 @@ def test_launch_check_runs_everything_but_starts_nothing(capsys, monkeypatch):
     assert cli.main(["launch", "tp8", "--check"]) == 3
 
 
-def test_make_smoke_writes_serves_and_checks_the_smoke_checkpoint():
+def test_make_smoke_writes_serves_and_checks_the_smoke_checkpoint(tmp_path):
     """`make smoke` (dry run): the checkpoint is written once in the container, the smoke
     topology is brought up on its one GPU, and the host checks readiness without
     expecting a known answer from random weights."""
     import subprocess
+    import sys
 
     root = Path(__file__).resolve().parents[2]
+    # A checkout whose host-side deepinfer is this Python's (a dry run builds none, and
+    # its `make up` asks `deepinfer gpus` for the count).
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("Makefile", "configs", "requirements", "overlay"):
+        (checkout / name).symlink_to(root / name)
+    exe = checkout / ".venv-cli" / "bin" / "deepinfer"
+    exe.parent.mkdir(parents=True)
+    exe.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "overlay"}" exec "{sys.executable}" '
+                   '-m deepinfer_sm80.deploy.cli "$@"\n')  # fmt: skip
+    exe.chmod(0o755)
+    drop = ("TOPOLOGY", "GPU_COUNT", "MAKEFLAGS", "MAKELEVEL")
     out = subprocess.run(
         ["make", "-n", "--no-print-directory", "smoke"],
-        cwd=root, capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in os.environ.items() if k not in ("TOPOLOGY", "GPU_COUNT")},
+        cwd=checkout, capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k not in drop},
     ).stdout  # fmt: skip
     assert "TOPOLOGY=smoke GPU_COUNT=1 docker compose run --rm --no-deps" in out
+    assert "GPU_COUNT=1 docker compose up -d" in out  # the sub-make's count, from the file
     assert "deepinfer smoke-model /home/deepinfer/.cache/huggingface/deepinfer-smoke-v41" in out
     topo, _ = load("smoke")
     assert topo.model == "/home/deepinfer/.cache/huggingface/deepinfer-smoke-v41"

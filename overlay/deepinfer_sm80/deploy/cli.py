@@ -342,6 +342,13 @@ def cmd_plan(args) -> int:
     return 0 if p.fits else 1
 
 
+def cmd_gpus(args) -> int:
+    """GPUs per node the topology reserves (``make up`` asks compose for this many)."""
+    topo, _ = load(args.topology)
+    print(topo.gpus.count)
+    return 0
+
+
 def cmd_observability(args) -> int:
     from deepinfer_sm80.deploy import observability
 
@@ -455,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all", action="store_true", help="rank every shipped topology")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser(
+        "gpus", help="print the GPUs per node a topology reserves (make up's GPU_COUNT)"
+    )
+    p.add_argument("topology", help="a shipped name (tp8) or a path to a YAML file")
+    p.set_defaults(func=cmd_gpus)
     p = sub.add_parser("doctor", help="can this host run the server?")
     p.add_argument("--topology", help="check the GPU count against this topology")
     p.add_argument(

@@ -4,7 +4,7 @@ the TileLang kernel's split size, on every decode case of the kernels suite.
 Each call is captured in a CUDA graph and the replays are timed (``runner.CudaTimer``),
 which is how vLLM runs decode: host overhead is left out, the GPU time stays. Both
 kernels run in this one process on this one GPU; correctness is the kernels suite's and
-the GPU tests' job (``microbench_sm80_kernels``, ``tests/ops/test_sparse_mla.py``).
+the GPU tests' job (``microbench_sparse_mla``, ``tests/ops/test_sparse_mla.py``).
 
 Run: ``PYTHONPATH=overlay:. python -m benchmarks.compare_decode_engines``; ``--variants``
 takes other TileLang settings (``tilelang:ROWS_PER_SPLIT=128,PREFETCH=2``), ``--only`` a
@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from benchmarks.microbench_sm80_kernels import build_registry
+from benchmarks.microbench_sparse_mla import build_registry
 from benchmarks.runner import CudaTimer, device_info, restored_env
 from deepinfer_sm80 import arch
 from deepinfer_sm80.ops.sparse_mla.triton_kernel import DECODE_ENGINE_ENV

@@ -15,7 +15,7 @@ bandwidth against the device copy bandwidth measured in the same run, counting t
 minimum traffic: residual and x read, mixed residual and layer input written (100 KiB a
 token) plus the 1.9 MiB of fp32 weights read once.
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_sm80_part2``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_mhc``
 """
 
 import sys

@@ -6,7 +6,7 @@ within 3x of the device floor (empty-kernel launch + bytes at copy bandwidth), b
 measured in the same run. The original reported 22.17x against its chain at T=1536 on
 A100; our ratio to the chain is reported for comparison, not used as a gate.
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_sm80_part3``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_topk_swa``
 """
 
 import sys

@@ -11,7 +11,7 @@ temporary, then ``.copy_()`` into the workspace -- the path the original's 4.02x
 and 7.64x (48K) were measured against. Gate: >= 70% of the device copy bandwidth
 measured in the same run, counting 584 B read + 1,024 B written per row.
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_sm80_kernels``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_sparse_mla``
 """
 
 import os

@@ -1,9 +1,9 @@
 """Sparse-MLA decode: the TileLang kernel (decode_sm80.cuh) against the Triton kernel, and
-the TileLang kernel's split size, on every decode case of the kernels suite.
+the TileLang kernel's split size, on every decode case of the sparse_mla suite.
 
 Each call is captured in a CUDA graph and the replays are timed (``runner.CudaTimer``),
 which is how vLLM runs decode: host overhead is left out, the GPU time stays. Both
-kernels run in this one process on this one GPU; correctness is the kernels suite's and
+kernels run in this one process on this one GPU; correctness is the sparse_mla suite's and
 the GPU tests' job (``microbench_sparse_mla``, ``tests/ops/test_sparse_mla.py``).
 
 Run: ``PYTHONPATH=overlay:. python -m benchmarks.compare_decode_engines``; ``--variants``
@@ -78,7 +78,7 @@ def ampere_fit_notes(variants: list[tuple[str, str, dict[str, int]]]) -> list[st
 
 
 def decode_cases(only: str = "") -> list:
-    """The kernels suite's decode cases whose name contains ``only``, at the default split
+    """The sparse_mla suite's decode cases whose name contains ``only``, at the default split
     mode: the ``_throughput`` cases fix their split size (THROUGHPUT_ROWS_PER_SPLIT), so
     a ROWS_PER_SPLIT variant would run the same kernel under another label."""
     return [

@@ -1,4 +1,4 @@
-"""Top-K + SWA index combination and global Top-K slots (suite ``part3``).
+"""Top-K + SWA index combination and global Top-K slots (suite ``topk_swa``).
 
 Baseline for the combiner: the PyTorch allocation-and-op chain it replaces (request ids
 by ``repeat_interleave``, positions, lengths, masks and ``where`` over a full row). Gate:
@@ -20,7 +20,7 @@ from deepinfer_sm80.ops.topk_swa import (
 )
 from deepinfer_sm80.ops.topk_swa.ref import combined_width
 
-SUITE = "part3"
+SUITE = "topk_swa"
 WINDOW = 128
 TOPK = 512
 

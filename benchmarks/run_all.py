@@ -1,7 +1,7 @@
 """``make bench``: every microbenchmark suite, then the charts when matplotlib exists.
 
 python -m benchmarks.run_all                     # all suites
-python -m benchmarks.run_all --suite part2 --suite indexer
+python -m benchmarks.run_all --suite mhc --suite indexer
 """
 
 import argparse
@@ -10,6 +10,7 @@ import sys
 
 from benchmarks import (
     microbench_indexer,
+    microbench_kv_cache,
     microbench_mhc,
     microbench_o_proj,
     microbench_sparse_mla,
@@ -17,8 +18,10 @@ from benchmarks import (
 )
 from benchmarks.runner import main_for_suite
 
+# One suite per module, benchmarks/microbench_<suite>.py, each named for its op(s).
 SUITES = {
     microbench_sparse_mla.SUITE: microbench_sparse_mla.build_registry,
+    microbench_kv_cache.SUITE: microbench_kv_cache.build_registry,
     microbench_mhc.SUITE: microbench_mhc.build_registry,
     microbench_topk_swa.SUITE: microbench_topk_swa.build_registry,
     microbench_indexer.SUITE: microbench_indexer.build_registry,

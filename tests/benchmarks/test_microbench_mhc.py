@@ -1,4 +1,4 @@
-"""The mHC microbenchmark (suite part2) lists its cases, checks outputs and judges its
+"""The mHC microbenchmark (suite mhc) lists its cases, checks outputs and judges its
 targets on a CPU machine (no CUDA, no kernel launch)."""
 
 import torch

@@ -13,7 +13,8 @@ HOST_PYTHON ?= python3
 CLI_VENV := .venv-cli
 CLI_STAMP := $(CLI_VENV)/.deps-stamp
 VENV := .venv
-VENV_PY := $(VENV)/bin/python
+VENV_BIN := $(VENV)/bin
+VENV_PY := $(VENV_BIN)/python
 STAMP := $(VENV)/.deps-stamp
 PYTHON ?= python3
 PYTEST_ARGS ?=
@@ -54,12 +55,24 @@ ifneq ($(call plain_name,NODE_ENV,/),)
 $(error NODE_ENV must be a path of letters, digits, '-', '_', '.', '/', got: $(value NODE_ENV))
 endif
 endif
-# GPUs to reserve: read from the topology file (tests check every shipped file's form).
-GPU_COUNT ?= $(shell sed -n 's/^gpus: *{ *count: *\([0-9]*\).*/\1/p' configs/topologies/$(TOPOLOGY).yaml 2>/dev/null)
+# The host-side `deepinfer` that reads topology files for make: the light install
+# (make cli), else the test environment's (make setup). With neither, the targets that
+# need it build the light one first (HOST_CLI_DEPS); nothing else looks for it.
+HOST_CLIS := $(wildcard $(CLI_VENV)/bin/deepinfer $(VENV_BIN)/deepinfer)
+HOST_DEEPINFER := $(firstword $(HOST_CLIS) $(CLI_VENV)/bin/deepinfer)
+HOST_CLI_DEPS := $(if $(HOST_CLIS),,cli)
+# GPUs per node to reserve: `deepinfer gpus TOPOLOGY` (the count the validator reads).
+# Recursive and expanded only by the targets that reserve GPUs (up, weights,
+# print-gpu-count), and then once: the first use replaces it with its value.
+GPU_COUNT ?= $(eval GPU_COUNT := $$(call topology_gpus))$(GPU_COUNT)
+topology_gpus = $(or $(shell if test -x $(HOST_DEEPINFER); then $(HOST_DEEPINFER) gpus $(TOPOLOGY); \
+	else echo "make: $(HOST_DEEPINFER) is missing: \`make cli\` installs it" >&2; fi),$(error \
+	no GPU count for TOPOLOGY=$(TOPOLOGY) (the reason is above); fix the topology, run \
+	`make cli` for the host-side deepinfer, or give GPU_COUNT=N))
 COMPOSE ?= docker compose
 # `make wait`: seconds to wait for readiness (the compose healthcheck's start period).
 WAIT ?= 5400
-export IMAGE TOPOLOGY GPU_COUNT
+export IMAGE TOPOLOGY
 
 .PHONY: help setup cli test test-image lint image wheelhouse base-image up up-node down logs monitoring health wait smoke e2e plan \
 	weights bench charts test-gpu clean
@@ -74,7 +87,7 @@ help:
 	@echo "wheelhouse  download the image's wheels to .wheelhouse/ (feeds make image WHEELHOUSE=...)"
 	@echo "base-image  the offline Debian base image, from Debian packages (debootstrap)"
 	@echo "smoke       one GPU: write the smoke checkpoint, serve it (topology smoke), check --ready"
-	@echo "up          start the server for TOPOLOGY=$(TOPOLOGY) ($(GPU_COUNT) GPUs) in the background"
+	@echo "up          start the server for TOPOLOGY=$(TOPOLOGY) in the background (its GPUs: deepinfer gpus)"
 	@echo "up-node     multi-node: start this node's role (NODE_ENV=node1.env make up-node)"
 	@echo "down        stop it"
 	@echo "logs        follow its logs"
@@ -123,10 +136,10 @@ wheelhouse: setup
 base-image:
 	scripts/build-base-image
 
-up:
-	@test -n "$(GPU_COUNT)" || { echo "unknown topology $(TOPOLOGY): see configs/topologies/"; exit 2; }
+up: $(HOST_CLI_DEPS)
+	@test -n "$(GPU_COUNT)" || { echo "GPU_COUNT is empty: leave it unset (make asks deepinfer) or give a number"; exit 2; }
 	@# A refusal stops in the one-shot deepinfer-check service: show why, exit with its code.
-	$(COMPOSE) up -d || { $(COMPOSE) logs --no-log-prefix deepinfer-check >&2; \
+	GPU_COUNT=$(GPU_COUNT) $(COMPOSE) up -d || { $(COMPOSE) logs --no-log-prefix deepinfer-check >&2; \
 		exit "$$($(COMPOSE) ps -a --format '{{.ExitCode}}' deepinfer-check | grep -v '^0$$' || echo 1)"; }
 	@echo "starting $(TOPOLOGY) on $(GPU_COUNT) GPUs; first start takes long: make logs, make health"
 
@@ -166,8 +179,8 @@ wait: cli
 plan: cli
 	$(CLI_VENV)/bin/deepinfer plan $(TOPOLOGY) $(if $(GPU),--gpu $(GPU))
 
-weights:
-	$(COMPOSE) run --rm --entrypoint deepinfer deepinfer weights download
+weights: $(HOST_CLI_DEPS)
+	GPU_COUNT=$(GPU_COUNT) $(COMPOSE) run --rm --entrypoint deepinfer deepinfer weights download
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -199,5 +212,5 @@ clean:
 	rm -rf $(VENV) $(CLI_VENV) .pytest_cache .ruff_cache
 
 # Used by tests/image: the GPU count make would reserve for TOPOLOGY.
-print-gpu-count:
+print-gpu-count: $(HOST_CLI_DEPS)
 	@echo $(GPU_COUNT)

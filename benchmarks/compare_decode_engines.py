@@ -1,10 +1,10 @@
 """Sparse-MLA decode: the TileLang kernel (attention_sm80.cuh) against the Triton kernel, and
-the TileLang kernel's split size, on every decode case of the kernels suite.
+the TileLang kernel's split size, on every decode case of the sparse_mla suite.
 
 Each call is captured in a CUDA graph and the replays are timed (``runner.CudaTimer``),
 which is how vLLM runs decode: host overhead is left out, the GPU time stays. Both
-kernels run in this one process on this one GPU; correctness is the kernels suite's and
-the GPU tests' job (``microbench_sm80_kernels``, ``tests/ops/test_sparse_mla.py``).
+kernels run in this one process on this one GPU; correctness is the sparse_mla suite's and
+the GPU tests' job (``microbench_sparse_mla``, ``tests/ops/test_sparse_mla.py``).
 
 Run: ``PYTHONPATH=overlay:. python -m benchmarks.compare_decode_engines``; ``--variants``
 takes other TileLang settings (``tilelang:ROWS_PER_SPLIT=128,PREFETCH=2``), ``--only`` a
@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from benchmarks.microbench_sm80_kernels import build_registry
+from benchmarks.microbench_sparse_mla import build_registry
 from benchmarks.runner import CudaTimer, device_info, restored_env
 from deepinfer_sm80 import arch
 from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
@@ -78,7 +78,7 @@ def ampere_fit_notes(variants: list[tuple[str, str, dict[str, int]]]) -> list[st
 
 
 def decode_cases(only: str = "") -> list:
-    """The kernels suite's decode cases whose name contains ``only``, at the default split
+    """The sparse_mla suite's decode cases whose name contains ``only``, at the default split
     mode: the ``_throughput`` cases fix their split size (THROUGHPUT_ROWS_PER_SPLIT), so
     a ROWS_PER_SPLIT variant would run the same kernel under another label."""
     return [

@@ -1,6 +1,6 @@
 """Sparse-MLA prefill: the TileLang kernel (``attention_sm80.cuh``'s wide kernel over bf16
 rows) against the Triton kernel, in one process on one GPU, at every head count per rank
-(TP 8, 4, 2, 1) and the kernels suite's shape (1,024 tokens, 640 index entries).
+(TP 8, 4, 2, 1) and the sparse_mla suite's shape (1,024 tokens, 640 index entries).
 
 Both engines run through ``sparse_mla_prefill`` with ``DEEPINFER_SPARSE_MLA_PREFILL`` set;
 medians with a cold L2 (``runner.CudaTimer``). Correctness is the GPU tests' job

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import torch
 
-    from benchmarks.microbench_sm80_kernels import build_registry
+    from benchmarks.microbench_sparse_mla import build_registry
     from benchmarks.runner import device_info
     from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
     from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV

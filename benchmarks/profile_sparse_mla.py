@@ -4,7 +4,7 @@ the time goes. Run: ``PYTHONPATH=overlay:. python -m benchmarks.profile_sparse_m
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.microbench_sm80_kernels import build_registry
+from benchmarks.microbench_sparse_mla import build_registry
 
 
 def main() -> None:

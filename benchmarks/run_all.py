@@ -1,7 +1,7 @@
 """``make bench``: every microbenchmark suite, then the charts when matplotlib exists.
 
 python -m benchmarks.run_all                     # all suites
-python -m benchmarks.run_all --suite part2 --suite indexer
+python -m benchmarks.run_all --suite mhc --suite indexer
 """
 
 import argparse
@@ -9,23 +9,26 @@ import importlib.util
 import sys
 
 from benchmarks import (
-    microbench_sm80_indexer,
-    microbench_sm80_kernels,
-    microbench_sm80_o_proj,
-    microbench_sm80_part2,
-    microbench_sm80_part3,
+    microbench_indexer,
+    microbench_kv_cache,
+    microbench_mhc,
+    microbench_o_proj,
+    microbench_sparse_mla,
+    microbench_topk_swa,
 )
 from benchmarks.runner import main_for_suite
 
+# One suite per module, benchmarks/microbench_<suite>.py, each named for its op(s).
 SUITES = {
-    microbench_sm80_kernels.SUITE: microbench_sm80_kernels.build_registry,
-    microbench_sm80_part2.SUITE: microbench_sm80_part2.build_registry,
-    microbench_sm80_part3.SUITE: microbench_sm80_part3.build_registry,
-    microbench_sm80_indexer.SUITE: microbench_sm80_indexer.build_registry,
-    microbench_sm80_o_proj.SUITE: microbench_sm80_o_proj.build_registry,
+    microbench_sparse_mla.SUITE: microbench_sparse_mla.build_registry,
+    microbench_kv_cache.SUITE: microbench_kv_cache.build_registry,
+    microbench_mhc.SUITE: microbench_mhc.build_registry,
+    microbench_topk_swa.SUITE: microbench_topk_swa.build_registry,
+    microbench_indexer.SUITE: microbench_indexer.build_registry,
+    microbench_o_proj.SUITE: microbench_o_proj.build_registry,
 }
 # Suites whose kernels need more than torch + triton.
-NEEDS = {microbench_sm80_part2.SUITE: "tilelang"}
+NEEDS = {microbench_mhc.SUITE: "tilelang"}
 
 
 def main(argv: list[str] | None = None) -> int:

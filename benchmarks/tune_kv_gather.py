@@ -13,7 +13,7 @@ import itertools
 
 import torch
 
-from benchmarks.microbench_sm80_kernels import build_registry
+from benchmarks.microbench_kv_cache import build_registry
 from benchmarks.runner import CudaTimer, device_info, exact_check
 from deepinfer_sm80 import arch
 from deepinfer_sm80.ops.kv_cache import triton_kernel

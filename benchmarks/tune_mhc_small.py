@@ -40,7 +40,7 @@ def _label(group: int, tile: int, hoist: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.microbench_sm80_part2 import _inputs, _ours, _rebuilt
+    from benchmarks.microbench_mhc import _inputs, _ours, _rebuilt
     from benchmarks.runner import CudaTimer, device_info
     from deepinfer_sm80.ops.mhc import geometry, ops
 

@@ -96,7 +96,7 @@ TIMED_CASES = {
 
 
 def time_all() -> None:
-    from benchmarks.microbench_sm80_kernels import build_registry
+    from benchmarks.microbench_sparse_mla import build_registry
     from benchmarks.runner import CudaTimer, device_info
 
     fits = json.loads(FIT_FILE.read_text()) if FIT_FILE.exists() else {}

@@ -10,6 +10,10 @@
 - No module imports a private name (leading underscore) from an op folder
   (``ops/<op>/``) other than its own: what two ops share lives in a shared module.
 - No import cycles among the package's modules, counting imports inside functions.
+- The deploy flow runs one way: ``topology`` (load, validate) imports ``planner`` (its
+  plan), ``launcher`` (render) imports ``topology`` (what it renders is a validation) and
+  ``cli`` drives them all; no step imports a later one (``DEPLOY_FLOW``), inside a
+  function or not.
 
 Imports under ``if TYPE_CHECKING:`` never run and are left out.
 """
@@ -32,6 +36,10 @@ DEPLOY_LAZY_ALLOWED = {
     # `deepinfer doctor --patches` prints the plugin's patch ledger; only that flag loads it.
     (f"{PACKAGE}.deploy.cli", f"{PACKAGE}.vllm_plugin.ledger"),
 }
+# The deploy flow's modules, each step after the ones it builds on: validation computes
+# the plan, rendering takes the validation, the CLI runs load -> validate -> plan ->
+# render. A module may import the steps before it, never one after it.
+DEPLOY_FLOW = tuple(f"{PACKAGE}.deploy.{m}" for m in ("planner", "topology", "launcher", "cli"))
 
 
 @dataclass(frozen=True)
@@ -176,6 +184,17 @@ def deploy_reaches_forbidden(graph: list[Import], modules: set[str]) -> list[str
     return sorted(set(problems))
 
 
+def deploy_flow_backwards(graph: list[Import]) -> list[str]:
+    """Imports of a later step of the deploy flow (``DEPLOY_FLOW``), lazy ones included."""
+    order = {m: i for i, m in enumerate(DEPLOY_FLOW)}
+    return [
+        f"{i.importer}:{i.line} imports {i.module}, a later step of the deploy flow "
+        f"({' -> '.join(m.rsplit('.', 1)[-1] for m in DEPLOY_FLOW)})"
+        for i in graph
+        if i.importer in order and i.module in order and order[i.module] > order[i.importer]
+    ]
+
+
 def private_names_across_ops(graph: list[Import], packages: set[str]) -> list[str]:
     problems = []
     for i in graph:
@@ -248,6 +267,7 @@ def check(sources: dict[str, Source]) -> list[str]:
         *runtime_imports_tools(graph),
         *ops_imports_vllm(graph),
         *deploy_reaches_forbidden(graph, modules),
+        *deploy_flow_backwards(graph),
         *private_names_across_ops(graph, packages),
         *(f"import cycle: {' -> '.join(c)}" for c in cycles(graph, modules)),
     ]
@@ -259,7 +279,25 @@ def check(sources: dict[str, Source]) -> list[str]:
 def test_package_keeps_its_import_boundaries():
     sources = package_sources(REPO / "overlay", PACKAGE)
     assert f"{PACKAGE}.ops.registry" in sources and f"{PACKAGE}.deploy.cli" in sources
+    assert set(DEPLOY_FLOW) <= set(sources)
     assert check(sources) == []
+
+
+def test_deploy_flow_steps_import_the_steps_before_them():
+    """validate plans at module level (no import hidden in a function), render builds on
+    validation: the flow's edges exist, so the order rule checks real imports."""
+    sources = package_sources(REPO / "overlay", PACKAGE)
+    graph = [i for n, s in sources.items() for i in imports_of(n, s, set(sources))]
+    edges = {(i.importer, i.module) for i in graph if not i.lazy}
+    deploy = f"{PACKAGE}.deploy"
+    for importer, module in (
+        ("topology", "planner"),
+        ("launcher", "topology"),
+        ("cli", "topology"),
+        ("cli", "launcher"),
+        ("cli", "planner"),
+    ):
+        assert (f"{deploy}.{importer}", f"{deploy}.{module}") in edges, (importer, module)
 
 
 def test_tools_take_no_private_names_from_ops():
@@ -390,6 +428,26 @@ def test_private_module_across_ops_fails():
         "deepinfer_sm80.ops.b.k:1 imports deepinfer_sm80.ops.a._impl, private to ops/a; "
         "make it public in a module both share"
     ]
+
+
+def test_deploy_step_importing_a_later_one_fails():
+    # No cycle here (GOOD's cli imports neither): the order rule alone catches it.
+    problems = _problems(
+        deploy__planner="def f():\n    from deepinfer_sm80.deploy.cli import main\n",
+        deploy__launcher="from deepinfer_sm80.deploy import topology\n",
+        deploy__topology="from deepinfer_sm80.deploy.planner import plan\n",
+    )
+    assert problems == [
+        "deepinfer_sm80.deploy.planner:2 imports deepinfer_sm80.deploy.cli, a later step "
+        "of the deploy flow (planner -> topology -> launcher -> cli)"
+    ]
+    # The same modules importing forwards only pass.
+    forwards = _problems(
+        deploy__planner="x = 1\n",
+        deploy__launcher="from deepinfer_sm80.deploy import topology\n",
+        deploy__topology="from deepinfer_sm80.deploy.planner import plan\n",
+    )
+    assert forwards == []
 
 
 def test_cycle_through_a_function_level_import_fails():

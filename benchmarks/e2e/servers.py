@@ -72,7 +72,7 @@ def render(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
     v = validate(topo, path)
     if v.errors:
         raise ValueError(f"{spec.name}: the topology is refused: {v.errors}")
-    plan = render_plan(topo)
+    plan = render_plan(v)
     return plan.argv, plan.env
 
 

@@ -1,8 +1,11 @@
-"""DeepSeek-V4.1's layer-sharing groups and the pipeline cuts they allow.
+"""DeepSeek-V4.1's shape constants, its layer-sharing groups and the pipeline cuts they allow.
 
-Pure Python (no torch, no vLLM): the launcher and planner (``deploy/``) and the vLLM
-plugin read the same rule from here, together with the capabilities the plugin
-declares, so ``deepinfer launch`` accepts exactly the partitions the plugin can serve.
+Pure Python (no torch, no vLLM): the launcher, validator and planner (``deploy/``) and the
+vLLM plugin read the model's constants and the cut rule from here, together with the
+capabilities the plugin declares, so ``deepinfer launch`` accepts exactly the partitions
+the plugin can serve. ``configs/model/deepseek-v4.1-flash.yaml`` lists the same facts
+with their sources (and the sizes the planner derives weights from);
+``tests/deploy/test_model_facts.py`` keeps the two equal.
 
 Facts (vLLM 0.33.0, ``vllm/models/deepseek_v41/attention.py:322-360, 448-613``; HF
 config of DeepSeek-V4.1-Flash): 40 decoder layers. Layers 0-1 are SWA-only. Layers
@@ -23,7 +26,13 @@ from functools import cache
 
 from deepinfer_sm80 import envs
 
-NUM_LAYERS = 40
+NUM_LAYERS = 40  # num_hidden_layers (decoder layers; the DSpark draft layers come after)
+NUM_ATTENTION_HEADS = 64  # num_attention_heads
+HIDDEN_SIZE = 5120  # hidden_size
+HC_MULT = 4  # hidden-state copies the mHC boundary carries (hc_mult)
+HEAD_DIM = 512  # head_dim: the one latent KV head, 448 NoPE + 64 RoPE dims
+MOE_INTERMEDIATE_SIZE = 2304  # moe_intermediate_size (routed and shared experts)
+ENGRAM_LAYERS = (1, 14)  # engram_layer_ids: one Engram table each
 KV_SOURCES = (2, 8, 14, 20)
 INDEX_SOURCES = (2, 8, 14, 20, 24, 28, 32, 36)
 CANDIDATE_SOURCE = 20
@@ -35,7 +44,7 @@ COMPRESS_RATIOS = (0, 0) + (2,) * 18 + (1,) * 20
 RELAY_RECORD_BYTES = {"kv": 584, "index_k": 132, "candidates": 2048 * 4, "topk": 512 * 4}
 # What every stage boundary already carries: hidden_states [hc=4, 5120] bf16 + pre_mix
 # [4] fp32.
-BASELINE_PP_BYTES_PER_TOKEN = 4 * 5120 * 2 + 4 * 4
+BASELINE_PP_BYTES_PER_TOKEN = HC_MULT * HIDDEN_SIZE * 2 + HC_MULT * 4
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from benchmarks import compare_prefill_engines as cmp
 
 def test_every_head_count_per_rank_and_the_suite_shape():
     assert cmp.HEADS == (8, 16, 32, 64)  # TP 8, 4, 2, 1
-    assert (cmp.TOKENS, cmp.WIDTH) == (1024, 640)  # the kernels suite's prefill cases
+    assert (cmp.TOKENS, cmp.WIDTH) == (1024, 640)  # the sparse_mla suite's prefill cases
 
 
 def test_refuses_without_a_gpu(monkeypatch):

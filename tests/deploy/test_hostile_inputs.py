@@ -392,9 +392,20 @@ def test_doctor_expect_hash_takes_the_master_addr_flag(capsys, monkeypatch):
                          capsys)  # fmt: skip
     assert code == 2 and "needs node 0's address: --master-addr" in out
     from deepinfer_sm80.deploy.launcher import NodeSettings, render
-    from deepinfer_sm80.deploy.topology import load
+    from deepinfer_sm80.deploy.topology import load, validate
 
-    want = render(load("tp4-pp2-2nodes")[0], NodeSettings(0, "10.0.0.1")).config_hash()
+    want = render(validate(*load("tp4-pp2-2nodes")), NodeSettings(0, "10.0.0.1")).config_hash()
     code, out = _run_cli(["doctor", "--topology", "tp4-pp2-2nodes", "--expect-hash", want,
                           "--master-addr", "10.0.0.1"], capsys)  # fmt: skip
     assert f"[ok] config-hash: this node renders {want}" in out
+
+
+def test_doctor_expect_hash_of_a_refused_topology_names_the_refusal(capsys, monkeypatch):
+    """A topology the launch refuses renders no command on any node: doctor says why
+    instead of comparing a hash no node would print."""
+    monkeypatch.delenv("DEEPINFER_PP_RELAY", raising=False)
+    code, out = _run_cli(["doctor", "--topology", "tp2-pp3", "--expect-hash", "0" * 16],
+                         capsys)  # fmt: skip
+    assert code == 2 and "splits the sharing group" in out
+    assert "refused at launch: no node renders a command" in out
+    assert "config-hash" not in out

@@ -18,6 +18,10 @@ def _topo(name):
     return load(name)[0]
 
 
+def _validated(name):
+    return validate(*load(name))
+
+
 def _golden(name: str, plan) -> None:
     path = GOLDEN / f"{name}.json"
     got = {"argv": plan.argv, "env": plan.env, "config_hash": plan.config_hash()}
@@ -29,9 +33,8 @@ def _golden(name: str, plan) -> None:
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_tp4_pp2_2nodes_renders_each_node(rank):
-    topo = _topo("tp4-pp2-2nodes")
     node = NodeSettings(rank=rank, master_addr="10.0.0.1", host_ip=f"10.0.0.{rank + 1}")
-    plan = render(topo, node)
+    plan = render(_validated("tp4-pp2-2nodes"), node)
     _golden(f"tp4-pp2-2nodes.node{rank}", plan)
     argv = plan.argv
     assert argv[argv.index("--nnodes") + 1] == "2"
@@ -43,13 +46,14 @@ def test_tp4_pp2_2nodes_renders_each_node(rank):
 
 
 def test_config_hash_equal_across_nodes_and_sensitive_to_real_differences():
-    topo = _topo("tp4-pp2-2nodes")
-    h0 = render(topo, NodeSettings(0, "10.0.0.1", "10.0.0.1")).config_hash()
-    h1 = render(topo, NodeSettings(1, "10.0.0.1", "10.0.0.2")).config_hash()
+    topo, path = load("tp4-pp2-2nodes")
+    v = validate(topo, path)
+    h0 = render(v, NodeSettings(0, "10.0.0.1", "10.0.0.1")).config_hash()
+    h1 = render(v, NodeSettings(1, "10.0.0.1", "10.0.0.2")).config_hash()
     assert h0 == h1
-    other_master = render(topo, NodeSettings(1, "10.0.0.9")).config_hash()
+    other_master = render(v, NodeSettings(1, "10.0.0.9")).config_hash()
     assert other_master != h0
-    changed = topo.model_copy(update={"max_num_seqs": 8})
+    changed = validate(topo.model_copy(update={"max_num_seqs": 8}), path)
     assert render(changed, NodeSettings(1, "10.0.0.1")).config_hash() != h0
     assert doctor.check_config_hash(h0, h1 + "\n").ok
     bad = doctor.check_config_hash(h0, "0" * 16)
@@ -137,7 +141,7 @@ def test_worker_health_finds_vllm_processes(tmp_path):
 def test_config_hash_ignores_the_listen_address():
     """Only node 0 serves HTTP; a worker whose env file binds elsewhere (or not at all)
     still runs the same server."""
-    topo = _topo("tp4-pp2-2nodes")
-    h0 = render(topo, NodeSettings(0, "10.0.0.1", listen_host="0.0.0.0")).config_hash()
-    h1 = render(topo, NodeSettings(1, "10.0.0.1")).config_hash()
+    v = _validated("tp4-pp2-2nodes")
+    h0 = render(v, NodeSettings(0, "10.0.0.1", listen_host="0.0.0.0")).config_hash()
+    h1 = render(v, NodeSettings(1, "10.0.0.1")).config_hash()
     assert h0 == h1

@@ -6,13 +6,14 @@ from pathlib import Path
 import pytest
 
 from deepinfer_sm80.deploy import cli, planner
+from deepinfer_sm80.deploy.config_files import model_facts
 from deepinfer_sm80.deploy.topology import load, validate
 
 GIB = 2**30
 
 
 def test_layer_weights_follow_the_shapes_and_the_checkpoint_size():
-    f = planner.model_facts()
+    f = model_facts()
     expert = 3 * 5120 * 2304
     want = 384 * expert * 0.53125 + expert * 1.03125 + f["attention_params_per_layer"] * 1.03125
     assert planner.layer_weight_bytes(f) == pytest.approx(want)
@@ -22,7 +23,7 @@ def test_layer_weights_follow_the_shapes_and_the_checkpoint_size():
 
 
 def test_kv_bytes_per_token_per_stage():
-    f = planner.model_facts()
+    f = model_facts()
     both = planner.kv_bytes_per_token(f, range(0, 40), set())
     assert both == pytest.approx(3 * (584 + 132) / 2 + (584 + 132))  # ~1.75 KiB/token
     stages = planner.plan(load("tp2-pp3")[0]).stages
@@ -69,7 +70,7 @@ def test_cli_plan_all_ranks(capsys):
 
 
 def test_component_breakdown_adds_up():
-    f = planner.model_facts()
+    f = model_facts()
     parts = planner.component_bytes(f)
     layers = sum(v for k, v in parts.items() if "all layers" in k)
     assert layers == pytest.approx(40 * planner.layer_weight_bytes(f))
@@ -81,6 +82,7 @@ def test_component_breakdown_adds_up():
 def test_min_utilization_is_where_the_context_starts_to_fit():
     topo = load("tp2-pp3")[0]
     need = planner.min_utilization(topo)
+    assert planner.min_utilization(topo, p=planner.plan(topo)) == need
     assert 0.78 < need < topo.gpu_memory_utilization
     below = topo.model_copy(update={"gpu_memory_utilization": need - 0.005})
     above = topo.model_copy(update={"gpu_memory_utilization": need + 0.005})
@@ -115,3 +117,23 @@ def test_planner_reports_the_relay_bytes_per_cut():
     assert "layer 28: 40,976 B + relay 8,908 B" in planner.format_plan(p)
     assert planner.plan(load("pp6")[0]).relay_bytes_per_token[21] == 584 + 132 + 8192 + 2048
     assert planner.plan(load("tp8")[0]).relay_bytes_per_token == {}
+
+
+def test_smoke_facts_overlay_the_real_ones():
+    full, smoke = model_facts(), model_facts("smoke")
+    assert smoke["moe"]["moe_intermediate_size"] == 128 != full["moe"]["moe_intermediate_size"]
+    assert smoke["num_hidden_layers"] == full["num_hidden_layers"]
+    with pytest.raises(ValueError, match="neither full nor smoke"):
+        model_facts("tiny")
+
+
+def test_validation_carries_the_plan_it_checked():
+    """validate plans once and keeps the plan; it is the plan `deepinfer plan` prints."""
+    topo, path = load("tp8")
+    v = validate(topo, path)
+    assert v.plan == planner.plan(topo)
+    assert v.plan.fits and v.launchable
+    # A layout error stops before planning: no plan to carry.
+    bad = validate(topo.model_copy(update={"gpus": topo.gpus.model_copy(update={"count": 6})}),
+                   path)  # fmt: skip
+    assert bad.errors and bad.plan is None

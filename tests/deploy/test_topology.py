@@ -17,6 +17,11 @@ from tools.tiers import import_or_skip
 SHIPPED = ["tp2-pp3", "pp6", "tp2-tp4", "tp4-pp2", "tp8"]
 
 
+def _validated(name: str):
+    """A shipped topology, loaded and validated: what the launcher renders from."""
+    return validate(*load(name))
+
+
 # ------------------------------------------------------------------ the cut rule
 
 
@@ -89,15 +94,23 @@ def test_relay_opt_in_is_refused_inside_the_topology_file(monkeypatch):
 def test_relay_opt_in_reaches_every_worker_through_the_launch_env(monkeypatch):
     from deepinfer_sm80.deploy import launcher
 
-    topo, _ = load("tp2-pp3")
     monkeypatch.delenv(mt.RELAY_OPT_IN_ENV, raising=False)
-    assert mt.RELAY_OPT_IN_ENV not in launcher.render(topo).env
+    refused = _validated("tp2-pp3")
+    with pytest.raises(ValueError, match="splits the sharing group"):
+        launcher.render(refused)  # the launcher renders only what validation accepted
     monkeypatch.setenv(mt.RELAY_OPT_IN_ENV, "1")
-    plan = launcher.render(topo)
+    plan = launcher.render(_validated("tp2-pp3"))
     assert plan.env[mt.RELAY_OPT_IN_ENV] == "1"
     assert any(d.startswith(f"{mt.RELAY_OPT_IN_ENV}=1") for d, _ in plan.decisions)
+    # The launcher follows the capabilities validation used, not the environment at
+    # render time.
+    monkeypatch.delenv(mt.RELAY_OPT_IN_ENV)
+    relayed = validate(*load("tp2-pp3"), mt.PluginCapabilities(relays_shared_kv=True))
+    assert launcher.render(relayed).env[mt.RELAY_OPT_IN_ENV] == "1"
     # A topology whose cuts cross nothing does not switch it on, opted in or not.
-    assert mt.RELAY_OPT_IN_ENV not in launcher.render(load("tp4-pp2")[0]).env
+    assert mt.RELAY_OPT_IN_ENV not in launcher.render(_validated("tp4-pp2")).env
+    monkeypatch.setenv(mt.RELAY_OPT_IN_ENV, "1")
+    assert mt.RELAY_OPT_IN_ENV not in launcher.render(_validated("tp4-pp2")).env
     assert mt.plugin_capabilities({}).relays_shared_kv is False
     assert mt.plugin_capabilities({mt.RELAY_OPT_IN_ENV: "1"}).relays_shared_kv is True
     assert mt.plugin_capabilities({mt.RELAY_OPT_IN_ENV: "yes"}).relays_shared_kv is False
@@ -111,13 +124,14 @@ def test_decode_splits_throughput_is_validated_and_rendered():
     from deepinfer_sm80.deploy.topology import DECODE_SPLITS_ENV
 
     tp8, path = load("tp8")
-    assert launcher.render(tp8).env[DECODE_SPLITS_ENV] == "latency"  # the topology decides
-    fast = tp8.model_copy(update={"decode_splits": "throughput"})
-    assert not validate(fast, path).errors
+    default = launcher.render(validate(tp8, path))
+    assert default.env[DECODE_SPLITS_ENV] == "latency"  # the topology decides
+    fast = validate(tp8.model_copy(update={"decode_splits": "throughput"}), path)
+    assert not fast.errors
     plan = launcher.render(fast)
     assert plan.env[DECODE_SPLITS_ENV] == "throughput"
     assert any(d == f"{DECODE_SPLITS_ENV}=throughput" for d, _ in plan.decisions)
-    assert plan.config_hash() != launcher.render(tp8).config_hash()
+    assert plan.config_hash() != default.config_hash()
     tp4, path4 = load("tp4-pp2")
     assert not validate(tp4.model_copy(update={"decode_splits": "throughput"}), path4).errors
     errors = validate(
@@ -153,8 +167,7 @@ GOLDEN_TP4_PP2 = [
 
 
 def test_golden_render_tp4_pp2():
-    topo, _ = load("tp4-pp2")
-    plan = render(topo)
+    plan = render(_validated("tp4-pp2"))
     assert plan.argv == GOLDEN_TP4_PP2
     assert plan.env == {
         "VLLM_PP_LAYER_PARTITION": "20,20",
@@ -165,7 +178,7 @@ def test_golden_render_tp4_pp2():
 
 
 def test_golden_render_tp8():
-    plan = render(load("tp8")[0])
+    plan = render(_validated("tp8"))
     expected = [*GOLDEN_TP4_PP2[:9], "--tensor-parallel-size", "8", "--pipeline-parallel-size", "1"]
     assert plan.argv[:13] == expected
     assert plan.argv[13:] == GOLDEN_TP4_PP2[13:]
@@ -179,7 +192,7 @@ def test_adaptive_verification_rendered_off_under_pp(tmp_path):
     )
     f = tmp_path / "t.yaml"
     f.write_text(data)
-    plan = render(load(str(f))[0])
+    plan = render(validate(*load(str(f))))
     spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
     assert spec["enable_adaptive_verification"] is False
 
@@ -288,6 +301,45 @@ def test_cli_dry_run_and_refusal(capsys, monkeypatch):
     assert cli.main(["launch", "nope"]) == 2
 
 
+def test_launch_runs_each_step_of_the_flow_once(capsys, monkeypatch):
+    """load -> validate -> plan -> render, each once, each on the previous step's result:
+    the model facts are read once and the plan is not recomputed for the DSpark warning."""
+    from deepinfer_sm80.deploy import config_files, launcher, planner, topology
+
+    calls: dict[str, list] = {}
+
+    def counted(module, name):
+        real = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            result = real(*args, **kwargs)
+            calls.setdefault(name, []).append((args, result))
+            return result
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted(cli, "load")
+    counted(cli, "validate")
+    counted(cli, "render")
+    counted(topology, "plan")
+    counted(topology, "model_facts")
+    counted(planner, "plan")  # what min_utilization would call without the plan
+    counted(planner, "model_facts")  # what plan would read without the facts
+    counted(config_files, "model_facts")
+    counted(launcher, "_render_nodes")
+    monkeypatch.setenv(mt.RELAY_OPT_IN_ENV, "1")
+    # tp2-pp3: DSpark above the OOM-prone utilization, so validation also warns with the
+    # least utilization that fits, taken from the same plan.
+    assert cli.main(["launch", "tp2-pp3", "--dry-run"]) == 0
+    assert "this layout needs at least 0.88" in capsys.readouterr().err
+    assert {k: len(v) for k, v in calls.items()} == {
+        "load": 1, "validate": 1, "render": 1, "plan": 1, "model_facts": 1, "_render_nodes": 1,
+    }  # fmt: skip
+    (_, (topo, _)), ((v_args, validation),) = calls["load"][0], calls["validate"]
+    assert v_args[0] is topo and calls["render"][0][0][0] is validation
+    assert validation.plan is calls["plan"][0][1]
+
+
 def test_launch_without_gpus_stops_at_the_preflight(capsys, monkeypatch):
     """No GPU visible: a clear message and exit 3, and vLLM is never exec'd."""
     from deepinfer_sm80.deploy import doctor
@@ -332,8 +384,8 @@ def test_rendered_flags_exist_in_vllm():
     serve_src = Path(frontend.__file__).read_text()
     from deepinfer_sm80.deploy.launcher import NodeSettings
 
-    plans = [render(load(name)[0]) for name in ("tp8", "tp4-pp2")]
-    plans.append(render(load("tp4-pp2-2nodes")[0], NodeSettings(1, "10.0.0.1", "10.0.0.2")))
+    plans = [render(_validated(name)) for name in ("tp8", "tp4-pp2")]
+    plans.append(render(_validated("tp4-pp2-2nodes"), NodeSettings(1, "10.0.0.1", "10.0.0.2")))
     for plan in plans:
         flags = [a[2:].replace("-", "_") for a in plan.argv if a.startswith("--")]
         in_serve = {f for f in flags if f'"--{f.replace("_", "-")}"' in serve_src}
@@ -355,17 +407,26 @@ def test_deploy_imports_neither_torch_nor_vllm():
     assert out.stdout.strip() == "[]"
 
 
-def test_makefile_reads_every_shipped_gpu_count():
-    """`make up` reserves GPU_COUNT read by a sed pattern from the topology file: every
-    shipped file must have that form, with the count the schema sees."""
-    import re
-
-    pattern = re.compile(r"^gpus: *\{ *count: *([0-9]*)", re.M)
+def test_gpus_prints_each_shipped_topologys_gpus_per_node(capsys):
+    """`make up` reserves `deepinfer gpus TOPOLOGY` GPUs: the count the schema reads, for
+    every shipped file, however the file writes it."""
     for path in sorted((CONFIG_DIR / "topologies").glob("*.yaml")):
-        m = pattern.search(path.read_text())
-        assert m, f"{path.name}: write `gpus: {{count: N, ...}}` on one line (Makefile reads it)"
         topo, _ = load(str(path))
-        assert int(m.group(1)) == topo.gpus.count, path.name
+        assert cli.main(["gpus", path.stem]) == 0
+        assert capsys.readouterr().out == f"{topo.gpus.count}\n", path.name
+    assert cli.main(["gpus", "tp4-pp2-2nodes"]) == 0
+    assert capsys.readouterr().out == "4\n"  # per node, not the whole server
+
+
+def test_gpus_names_a_bad_topology(tmp_path, capsys):
+    assert cli.main(["gpus", "tp3"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "no topology named 'tp3'; shipped ones:" in out.err
+    f = tmp_path / "t.yaml"
+    f.write_text("name: t\ngpus:\n  count: 0\nparallel: {tensor_parallel: 8}\n")
+    assert cli.main(["gpus", str(f)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and f"{f}: gpus.count:" in out.err
 
 
 def test_listen_host_is_the_container_side_bind_and_leaves_the_topology_alone():
@@ -373,10 +434,10 @@ def test_listen_host_is_the_container_side_bind_and_leaves_the_topology_alone():
     published port arrives; the topology's host (loopback) still applies elsewhere."""
     from deepinfer_sm80.deploy.launcher import NodeSettings
 
-    topo = load("tp8")[0]
-    plain = render(topo)
+    tp8 = _validated("tp8")
+    plain = render(tp8)
     assert plain.argv[plain.argv.index("--host") + 1] == "127.0.0.1"
-    inside = render(topo, NodeSettings(listen_host="0.0.0.0"))
+    inside = render(tp8, NodeSettings(listen_host="0.0.0.0"))
     assert inside.argv[inside.argv.index("--host") + 1] == "0.0.0.0"
     why = dict(inside.decisions)["--host 0.0.0.0"]
     assert why.endswith("in place of the topology's 127.0.0.1")
@@ -408,19 +469,33 @@ def test_launch_check_runs_everything_but_starts_nothing(capsys, monkeypatch):
     assert cli.main(["launch", "tp8", "--check"]) == 3
 
 
-def test_make_smoke_writes_serves_and_checks_the_smoke_checkpoint():
+def test_make_smoke_writes_serves_and_checks_the_smoke_checkpoint(tmp_path):
     """`make smoke` (dry run): the checkpoint is written once in the container, the smoke
     topology is brought up on its one GPU, and the host checks readiness without
     expecting a known answer from random weights."""
     import subprocess
+    import sys
 
     root = Path(__file__).resolve().parents[2]
+    # A checkout whose host-side deepinfer is this Python's (a dry run builds none, and
+    # its `make up` asks `deepinfer gpus` for the count).
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("Makefile", "configs", "requirements", "overlay"):
+        (checkout / name).symlink_to(root / name)
+    exe = checkout / ".venv-cli" / "bin" / "deepinfer"
+    exe.parent.mkdir(parents=True)
+    exe.write_text(f'#!/bin/sh\nPYTHONPATH="{root / "overlay"}" exec "{sys.executable}" '
+                   '-m deepinfer_sm80.deploy.cli "$@"\n')  # fmt: skip
+    exe.chmod(0o755)
+    drop = ("TOPOLOGY", "GPU_COUNT", "MAKEFLAGS", "MAKELEVEL")
     out = subprocess.run(
         ["make", "-n", "--no-print-directory", "smoke"],
-        cwd=root, capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in os.environ.items() if k not in ("TOPOLOGY", "GPU_COUNT")},
+        cwd=checkout, capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k not in drop},
     ).stdout  # fmt: skip
     assert "TOPOLOGY=smoke GPU_COUNT=1 docker compose run --rm --no-deps" in out
+    assert "GPU_COUNT=1 docker compose up -d" in out  # the sub-make's count, from the file
     assert "deepinfer smoke-model /home/deepinfer/.cache/huggingface/deepinfer-smoke-v41" in out
     topo, _ = load("smoke")
     assert topo.model == "/home/deepinfer/.cache/huggingface/deepinfer-smoke-v41"

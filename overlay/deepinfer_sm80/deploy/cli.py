@@ -1,10 +1,12 @@
 """The ``deepinfer`` command: validate, launch (or --dry-run) and schema.
 
-Problems in a topology print as one message each and exit 2; nothing prints a
-traceback for a user's mistake. ``launch`` exits with a code that says who must act:
-2 the configuration is refused (topology, exposure, node settings), 3 the host cannot
-run it (GPUs, /dev/shm); anything else comes from vLLM itself. Compose restarts only
-the last kind (README, "Restarts").
+``launch`` runs the deploy flow once, each step on the previous one's result: load the
+topology, validate it (which computes its capacity plan), render the command from the
+validation, then exec it. Problems in a topology print as one message each and exit 2;
+nothing prints a traceback for a user's mistake. ``launch`` exits with a code that says
+who must act: 2 the configuration is refused (topology, exposure, node settings), 3 the
+host cannot run it (GPUs, /dev/shm); anything else comes from vLLM itself. Compose
+restarts only the last kind (README, "Restarts").
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def cmd_launch(args) -> int:
         listen_host=args.listen_host,
     )
     try:
-        plan = render(topo, node)
+        plan = render(v, node)
     except ValueError as exc:
         print(f"error: {path}: {exc}", file=sys.stderr)
         return 2
@@ -263,7 +265,7 @@ def cmd_doctor(args) -> int:
         return 0
     needed = None
     if args.topology:
-        topo, _ = load(args.topology)
+        topo, path = load(args.topology)
         needed = topo.gpus.count
     if args.docker:
         ref = container.ContainerRef(project=args.project, service=args.service)
@@ -282,8 +284,13 @@ def cmd_doctor(args) -> int:
                 file=sys.stderr,
             )
             return 2
+        v = validate(topo, path)
+        if v.errors:
+            _report(v)
+            print(f"error: {path}: refused at launch: no node renders a command", file=sys.stderr)
+            return 2
         try:
-            mine = render(topo, NodeSettings(rank=0, master_addr=args.master_addr)).config_hash()
+            mine = render(v, NodeSettings(rank=0, master_addr=args.master_addr)).config_hash()
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -333,6 +340,13 @@ def cmd_plan(args) -> int:
         return 2
     print(json.dumps(planner.as_dict(p), indent=1) if args.json else planner.format_plan(p))
     return 0 if p.fits else 1
+
+
+def cmd_gpus(args) -> int:
+    """GPUs per node the topology reserves (``make up`` asks compose for this many)."""
+    topo, _ = load(args.topology)
+    print(topo.gpus.count)
+    return 0
 
 
 def cmd_observability(args) -> int:
@@ -448,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--all", action="store_true", help="rank every shipped topology")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser(
+        "gpus", help="print the GPUs per node a topology reserves (make up's GPU_COUNT)"
+    )
+    p.add_argument("topology", help="a shipped name (tp8) or a path to a YAML file")
+    p.set_defaults(func=cmd_gpus)
     p = sub.add_parser("doctor", help="can this host run the server?")
     p.add_argument("--topology", help="check the GPU count against this topology")
     p.add_argument(

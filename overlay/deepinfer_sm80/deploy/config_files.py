@@ -1,5 +1,5 @@
 """Where the shipped configuration lives, the error a bad config file raises, and the model
-facts file (every number the validator and the planner read from it, checked).
+facts files (every number the validator and the planner read from them, checked).
 
 The lowest layer of ``deploy``: the topology validator and the planner both read it, and
 it reads neither.
@@ -31,6 +31,8 @@ def shown(value) -> str:
 
 
 MODEL_FACTS_FILE = CONFIG_DIR / "model" / "deepseek-v4.1-flash.yaml"
+# The smoke checkpoint's sizes where they differ from the real model's.
+SMOKE_FACTS_FILE = CONFIG_DIR / "model" / "deepseek-v4.1-smoke.yaml"
 # Every number the validator and the planner read from the model facts (dotted paths).
 MODEL_FACT_NUMBERS = (
     "num_hidden_layers", "num_attention_heads", "max_position_embeddings", "dspark_layers",
@@ -42,9 +44,13 @@ MODEL_FACT_NUMBERS = (
 )  # fmt: skip
 
 
-def model_facts(path: Path | None = None) -> dict:
-    """The model facts file, with every number the tools use checked (ConfigError)."""
-    path = path or MODEL_FACTS_FILE
+def model_facts(checkpoint: str = "full") -> dict:
+    """The model facts of ``checkpoint`` (the schema's ``checkpoint`` field), with every
+    number the tools use checked (ConfigError): ``full`` is the real model's file;
+    ``smoke`` overlays the smoke checkpoint's sizes on it."""
+    if checkpoint not in ("full", "smoke"):
+        raise ValueError(f"checkpoint: {checkpoint!r} is neither full nor smoke")
+    path = MODEL_FACTS_FILE
     try:
         facts = safe_yaml.load(path)
     except ValueError as exc:
@@ -60,4 +66,10 @@ def model_facts(path: Path | None = None) -> dict:
                 f"{path}: {dotted}: expected a positive number, got {shown(value)}; restore "
                 "it from the model's config.json (the file's comments name the source)"
             )
+    if checkpoint == "smoke":
+        smoke = safe_yaml.load(SMOKE_FACTS_FILE)
+        unknown = set(smoke) - set(facts)
+        if unknown:
+            raise ValueError(f"{SMOKE_FACTS_FILE.name}: unknown facts {sorted(unknown)}")
+        facts.update(smoke)
     return facts

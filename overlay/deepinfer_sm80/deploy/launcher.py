@@ -1,8 +1,9 @@
 """Render a validated topology into the exact ``vllm serve`` argv and environment.
 
-A pure function: ``render`` returns the command, the environment additions and every
-derived decision with its reason; ``launch`` in ``cli.py`` then ``exec``s it (no
-shell). Secrets (the API key) travel in the environment, never in argv.
+A pure function: ``render`` takes what ``topology.validate`` returned (the last step of
+load -> validate -> plan -> render) and returns the command, the environment additions
+and every derived decision with its reason; ``launch`` in ``cli.py`` then ``exec``s it
+(no shell). Secrets (the API key) travel in the environment, never in argv.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from dataclasses import dataclass, field
 
 from deepinfer_sm80 import model_topology
 from deepinfer_sm80.deploy import exposure
-from deepinfer_sm80.deploy.schema import Topology
-from deepinfer_sm80.deploy.topology import DECODE_SPLITS_ENV
+from deepinfer_sm80.deploy.topology import DECODE_SPLITS_ENV, Validation
 
 ENGINE_READY_TIMEOUT_S = 3600  # loading ~475 GiB of weights takes long (vLLM recipes)
 
@@ -67,7 +67,14 @@ class NodeSettings:
     listen_host: str | None = None
 
 
-def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
+def render(validated: Validation, node: NodeSettings | None = None) -> LaunchPlan:
+    """The launch of a topology that ``validate`` accepted; ValueError for one it refused
+    and for node settings that do not fit it."""
+    if validated.errors:
+        raise ValueError(
+            f"{len(validated.errors)} validation error(s), first: {validated.errors[0]}"
+        )
+    topo = validated.topology
     node = node or NodeSettings()
     host = node.listen_host or topo.host
     par = topo.parallel
@@ -99,8 +106,8 @@ def render(topo: Topology, node: NodeSettings | None = None) -> LaunchPlan:
                 "vLLM's default even split cuts DeepSeek-V4.1's sharing groups",
             )
         )
-        crossing = model_topology.cross_stage(par.partition)
-        if crossing and model_topology.plugin_capabilities().relays_shared_kv:
+        crossing = validated.crossing
+        if crossing and validated.capabilities.relays_shared_kv:
             # Every worker's plugin must build the relay: set it for them (and in the
             # config hash, so the nodes of a multi-node server agree).
             env[model_topology.RELAY_OPT_IN_ENV] = "1"

@@ -17,7 +17,6 @@ from __future__ import annotations
 from deepinfer_sm80 import model_topology as mt
 from deepinfer_sm80.deploy.schema import Topology
 
-ENGRAM_LAYERS = (1, 14)  # HF config engram_layer_ids
 HOST_BASE_GIB = 16  # vLLM, Python, NCCL and pinned staging buffers per node (estimate)
 
 
@@ -79,7 +78,7 @@ def engram_host_gib(topo: Topology, table_gib: float) -> list[float]:
         return per_node
     ranges = mt.stage_layers(topo.parallel.partition or [mt.NUM_LAYERS])
     nodes_of = stage_nodes(topo)
-    for layer in ENGRAM_LAYERS:
+    for layer in mt.ENGRAM_LAYERS:
         stage = next(i for i, r in enumerate(ranges) if layer in r)
         ranks = nodes_of[stage]
         for node in ranks:

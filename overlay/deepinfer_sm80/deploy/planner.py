@@ -39,31 +39,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from deepinfer_sm80 import model_topology as mt
-from deepinfer_sm80.deploy import config_files, gpu_kinds, safe_yaml
+from deepinfer_sm80.deploy import gpu_kinds
 from deepinfer_sm80.deploy import nodes as nodes_mod
-from deepinfer_sm80.deploy.config_files import CONFIG_DIR
+from deepinfer_sm80.deploy.config_files import CONFIG_DIR, model_facts
 from deepinfer_sm80.deploy.schema import Topology
 
 GIB = 2**30
 RESERVED_GIB = 3.0  # CUDA graphs + activations per GPU (est; vLLM profiles it at start)
 PREFILL_CHUNK_REQUESTS = 4  # vLLM's PREFILL_CHUNK_SIZE for DeepSeek-V4.1 attention
 ORIGINAL_TP2_PP3_TOKENS = 4_648_480  # the original's GA100-64GB TP2 x PP3 figure
+# Stages holding a layer from here on (the ratio-1 layers, 20-39) reserve the bf16 prefill
+# gather workspace.
+FIRST_RATIO_1_LAYER = mt.COMPRESS_RATIOS.index(1)
 
 GPU_MEMORY_GIB = gpu_kinds.MEMORY_GIB
-
-
-def model_facts(checkpoint: str = "full") -> dict:
-    """The model facts; ``smoke`` overlays the smoke checkpoint's sizes on the real ones."""
-    facts = config_files.model_facts()
-    if checkpoint == "smoke":
-        smoke = safe_yaml.load(CONFIG_DIR / "model" / "deepseek-v4.1-smoke.yaml")
-        unknown = set(smoke) - set(facts)
-        if unknown:
-            raise ValueError(f"deepseek-v4.1-smoke.yaml: unknown facts {sorted(unknown)}")
-        facts.update(smoke)
-    elif checkpoint != "full":
-        raise ValueError(f"checkpoint: {checkpoint!r} is neither full nor smoke")
-    return facts
 
 
 def layer_weight_bytes(f: dict, routed: int | None = None) -> float:
@@ -109,10 +98,9 @@ def component_bytes(f: dict) -> dict[str, float]:
 
 def kv_bytes_per_token(f: dict, layers: range, mirrored_sources: set[int]) -> float:
     """Compressed KV + indexer K per token for the kv sources a stage holds or mirrors."""
-    ratio = {src: (2 if src < 20 else 1) for src in mt.KV_SOURCES}
     per = f["kv_bytes_per_token"]
     held = {s for s in mt.KV_SOURCES if s in layers} | mirrored_sources
-    return sum((per["v4_record"] + per["indexer_k_fp8"]) / ratio[s] for s in held)
+    return sum((per["v4_record"] + per["indexer_k_fp8"]) / mt.COMPRESS_RATIOS[s] for s in held)
 
 
 @dataclass
@@ -146,8 +134,10 @@ class Plan:
     relay_bytes_per_token: dict[int, int] = field(default_factory=dict)
 
 
-def plan(topo: Topology, gpu: str | None = None) -> Plan:
-    f = model_facts(topo.checkpoint)
+def plan(topo: Topology, gpu: str | None = None, facts: dict | None = None) -> Plan:
+    """The plan of ``topo`` on ``gpu`` (default: the topology's GPU kind). ``facts``: the
+    model facts of ``topo.checkpoint`` when the caller has loaded them already."""
+    f = facts if facts is not None else model_facts(topo.checkpoint)
     kind = gpu_kinds.canonical(gpu or topo.gpus.kind)
     if kind is None:
         raise ValueError(f"--gpu: {gpu_kinds.unknown_message(gpu)}")
@@ -171,11 +161,11 @@ def plan(topo: Topology, gpu: str | None = None) -> Plan:
             w += embed + dspark
         w /= tp
         reserved = RESERVED_GIB * GIB
-        if any(x >= 20 for x in layers):
+        if any(x >= FIRST_RATIO_1_LAYER for x in layers):
             reserved += (
                 PREFILL_CHUNK_REQUESTS
                 * (topo.max_model_len + 128 + topo.max_num_batched_tokens)
-                * 512
+                * mt.HEAD_DIM
                 * 2
             )
         mirrored = {
@@ -200,7 +190,7 @@ def plan(topo: Topology, gpu: str | None = None) -> Plan:
             )
         )
     kv_tokens = min(s.kv_tokens for s in stages)
-    table_gib = f["checkpoint_gib_reported"]["engram"] / len(nodes_mod.ENGRAM_LAYERS)
+    table_gib = f["checkpoint_gib_reported"]["engram"] / len(mt.ENGRAM_LAYERS)
     host_per_node = nodes_mod.host_ram_gib(topo, table_gib)
     host = max(host_per_node)
     stage_nodes = nodes_mod.stage_nodes(topo) if not isinstance(par.tensor_parallel, list) else []
@@ -264,11 +254,12 @@ def _against_the_original(topo: Topology, stages: list[StagePlan], tokens: int, 
     )
 
 
-def min_utilization(topo: Topology, gpu: str | None = None) -> float:
+def min_utilization(topo: Topology, gpu: str | None = None, p: Plan | None = None) -> float:
     """The smallest gpu_memory_utilization at which every stage holds ``max_model_len``
     tokens of KV (the same estimates as ``plan``): budget = u * memory - weights - reserved
-    must reach max_model_len * bytes per token on every stage."""
-    p = plan(topo, gpu)
+    must reach max_model_len * bytes per token on every stage. ``p``: the plan of ``topo``
+    on ``gpu`` when the caller has it already."""
+    p = p if p is not None else plan(topo, gpu)
     mem = p.gpu_memory_gib * GIB
     return max(
         (s.weights_gib * GIB + s.reserved_gib * GIB + topo.max_model_len * s.kv_bytes_per_token)

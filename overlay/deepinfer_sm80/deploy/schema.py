@@ -11,13 +11,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from deepinfer_sm80 import model_topology as mt
 from deepinfer_sm80.deploy import gpu_kinds
 
 # Bounds that keep every number meaningful (and every derived list small): DeepSeek-V4.1
 # has 64 attention heads and 40 decoder layers; the rest are sanity caps far above any
 # Ampere deployment, so an extra digit is an error rather than a plan for 10^9 GPUs.
-MAX_HEADS = 64
-MAX_LAYERS = 40
+MAX_HEADS = mt.NUM_ATTENTION_HEADS
+MAX_LAYERS = mt.NUM_LAYERS
 MAX_GPUS_PER_NODE = 64
 MAX_NODES = 64
 TensorParallel = Annotated[int, Field(gt=0, le=MAX_HEADS)]

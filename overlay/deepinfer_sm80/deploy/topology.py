@@ -1,5 +1,11 @@
 """Load and validate a topology file: one clear message per problem, never a traceback.
 
+The deploy flow is load -> validate -> plan -> render, each step once: ``load`` parses
+the file, ``validate`` checks it and computes its capacity plan (``planner.plan``), and
+the ``Validation`` it returns carries what the launcher renders from
+(``launcher.render``): the topology, the plugin capabilities it was checked against, the
+pipeline cuts that cross a sharing group, and the plan.
+
 Every error names the file, the field and the fix. ``validate`` returns the problems
 that forbid launching (``errors``), the ones that only forbid launching but allow a
 capacity analysis (``plan_only``), and ``warnings``.
@@ -14,16 +20,15 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from deepinfer_sm80 import model_topology
-from deepinfer_sm80.deploy import overrides, safe_yaml
+from deepinfer_sm80.deploy import nodes, overrides, safe_yaml
 from deepinfer_sm80.deploy.config_files import TOPOLOGY_DIR, ConfigError, model_facts, shown
+from deepinfer_sm80.deploy.planner import Plan, min_utilization, plan
 from deepinfer_sm80.deploy.schema import Topology
 
-NUM_HEADS = 64  # attention heads (HF config num_attention_heads)
 # The variable the sparse-MLA decode's split policy reads
 # (ops/sparse_mla/engine.DECODE_SPLITS_ENV), spelled out here because deploy/ never
 # imports torch (ARCHITECTURE.md); a test ties them.
 DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
-MOE_INTERMEDIATE = 2304  # moe_intermediate_size
 MARLIN_TILE = 128  # Marlin's MoE tile along the intermediate dimension
 MAX_SPEC_TOKENS_AMPERE = 5  # DSpark blocks beyond 5 exceed Ampere shared memory
 OOM_PRONE_UTILIZATION = 0.78  # above this, DSpark's first-request allocation OOMs
@@ -31,11 +36,21 @@ OOM_PRONE_UTILIZATION = 0.78  # above this, DSpark's first-request allocation OO
 
 @dataclass
 class Validation:
+    """A topology as validated: its problems, and what validation worked out for the
+    launcher, so that nothing is computed twice."""
+
     topology: Topology
     path: Path
+    # The plugin capabilities the partition was checked against (the relay opt-in).
+    capabilities: model_topology.PluginCapabilities
     errors: list[str] = field(default_factory=list)
     plan_only: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # What the pipeline cuts make cross-stage (empty: no cut inside a sharing group).
+    crossing: list[model_topology.CrossStage] = field(default_factory=list)
+    # The capacity plan on the topology's GPU kind; None when the layout has errors
+    # that come before planning.
+    plan: Plan | None = None
 
     @property
     def launchable(self) -> bool:
@@ -135,8 +150,8 @@ def validate(
 ) -> Validation:
     if capabilities is None:
         capabilities = model_topology.plugin_capabilities()
-    v = Validation(topo, path)
-    facts = model_facts()
+    v = Validation(topo, path, capabilities)
+    facts = model_facts(topo.checkpoint)
     v.errors += overrides.errors(topo, path)
     if topo.max_model_len > facts["max_position_embeddings"]:
         v.errors.append(
@@ -181,8 +196,6 @@ def validate(
             "(validated, and rendered into the launch environment)"
         )
     if topo.nodes.count > 1 or topo.replicas > 1:
-        from deepinfer_sm80.deploy import nodes
-
         problems = nodes.layout_errors(topo)
         v.errors += [f"{path}: nodes: {e}" for e in problems]
         if problems:
@@ -219,9 +232,9 @@ def validate(
         else:
             for problem in model_topology.partition_errors(par.partition, capabilities):
                 v.errors.append(f"{path}: parallel.partition {par.partition}: {problem}")
-            crossing = model_topology.cross_stage(par.partition)
-            if crossing and model_topology.relay_unproven(capabilities):
-                cuts = model_topology.cuts_phrase(dict.fromkeys(c.cut for c in crossing))
+            v.crossing = model_topology.cross_stage(par.partition)
+            if v.crossing and model_topology.relay_unproven(capabilities):
+                cuts = model_topology.cuts_phrase(dict.fromkeys(c.cut for c in v.crossing))
                 v.warnings.append(
                     f"{path}: parallel.partition {par.partition}: for {cuts} the pipeline "
                     f"relay ({model_topology.RELAY_OPT_IN_ENV}=1) carries the shared caches; "
@@ -244,12 +257,9 @@ def validate(
             "DSpark blocks exceed Ampere shared memory"
         )
     if not v.errors:
-        from deepinfer_sm80.deploy.planner import min_utilization, plan  # reads this module
-
+        v.plan = p = plan(topo, facts=facts)
         if spec.method == "dspark" and topo.gpu_memory_utilization > OOM_PRONE_UTILIZATION:
-            v.warnings.append(_dspark_oom_warning(topo, path, min_utilization(topo)))
-
-        p = plan(topo)
+            v.warnings.append(_dspark_oom_warning(topo, path, min_utilization(topo, p=p)))
         if not p.fits:
             worst = min(p.stages, key=lambda s: s.kv_budget_gib)
             v.errors.append(
@@ -260,11 +270,12 @@ def validate(
                 f"{topo.max_model_len:,}); raise gpu_memory_utilization, add GPUs or shorten "
                 "max_model_len (see `deepinfer plan`)"
             )
+    moe = model_topology.MOE_INTERMEDIATE_SIZE
     for tp in sorted(set(tps)):
-        if (MOE_INTERMEDIATE // tp) % MARLIN_TILE:
+        if (moe // tp) % MARLIN_TILE:
             v.warnings.append(
                 f"{path}: parallel.tensor_parallel {tp}: MoE intermediate "
-                f"{MOE_INTERMEDIATE}/{tp} = {MOE_INTERMEDIATE // tp} is not a multiple "
+                f"{moe}/{tp} = {moe // tp} is not a multiple "
                 f"of {MARLIN_TILE}; Marlin MoE tiles run partly empty"
             )
     return v

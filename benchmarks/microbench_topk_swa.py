@@ -1,4 +1,4 @@
-"""Top-K + SWA index combination and global Top-K slots (suite ``part3``).
+"""Top-K + SWA index combination and global Top-K slots (suite ``topk_swa``).
 
 Baseline for the combiner: the PyTorch allocation-and-op chain it replaces (request ids
 by ``repeat_interleave``, positions, lengths, masks and ``where`` over a full row). Gate:
@@ -6,7 +6,7 @@ within 3x of the device floor (empty-kernel launch + bytes at copy bandwidth), b
 measured in the same run. The original reported 22.17x against its chain at T=1536 on
 A100; our ratio to the chain is reported for comparison, not used as a gate.
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_sm80_part3``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_topk_swa``
 """
 
 import sys
@@ -20,7 +20,7 @@ from deepinfer_sm80.ops.topk_swa import (
 )
 from deepinfer_sm80.ops.topk_swa.ref import combined_width
 
-SUITE = "part3"
+SUITE = "topk_swa"
 WINDOW = 128
 TOPK = 512
 

@@ -1,9 +1,9 @@
-"""The mHC microbenchmark (suite part2) lists its cases, checks outputs and judges its
+"""The mHC microbenchmark (suite mhc) lists its cases, checks outputs and judges its
 targets on a CPU machine (no CUDA, no kernel launch)."""
 
 import torch
 
-from benchmarks import microbench_sm80_part2 as bench
+from benchmarks import microbench_mhc as bench
 from deepinfer_sm80.ops.mhc.inputs import NORM_EPS, model_like_inputs
 from deepinfer_sm80.ops.mhc.ref import fused_post_pre_delayed_ref
 

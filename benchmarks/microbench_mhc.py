@@ -1,4 +1,4 @@
-"""mHC boundary: fused post + delayed pre (suite ``part2``).
+"""mHC boundary: fused post + delayed pre (suite ``mhc``).
 
 Candidate: ``deepinfer_sm80.ops.mhc.mhc_fused_post_pre_delayed`` (8 hidden slices of 640,
 CUDA-core fused kernel below 16 tokens, TF32 ``T.gemm`` from 16, one epilogue).
@@ -15,7 +15,7 @@ bandwidth against the device copy bandwidth measured in the same run, counting t
 minimum traffic: residual and x read, mixed residual and layer input written (100 KiB a
 token) plus the 1.9 MiB of fp32 weights read once.
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_sm80_part2``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_mhc``
 """
 
 import sys
@@ -24,7 +24,7 @@ import torch
 
 from benchmarks.runner import Case, CheckResult, Registry, main_for_suite
 
-SUITE = "part2"
+SUITE = "mhc"
 SWEEP = (1, 2, 4, 6, 8, 12, 15, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 TARGETS = {12: 2.5, 6: 1.3}
 TORCH_CASES = (1, 12, 128, 1024)

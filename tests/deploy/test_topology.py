@@ -149,6 +149,18 @@ def test_asymmetric_tp_is_plan_only():
     assert any("576 is not a multiple of 128" in w for w in v.warnings)
 
 
+def test_one_tp_size_per_stage_all_equal_launches_as_the_single_size():
+    topo, path = load("tp4-pp2")
+    listed = topo.model_copy(
+        update={"parallel": topo.parallel.model_copy(update={"tensor_parallel": [4, 4]})}
+    )
+    v = validate(listed, path)
+    assert v.launchable, (v.errors, v.plan_only)
+    plan = render(v)
+    assert plan.argv == render(validate(topo, path)).argv
+    assert plan.argv[plan.argv.index("--tensor-parallel-size") + 1] == "4"
+
+
 GOLDEN_TP4_PP2 = [
     "vllm", "serve", "deepseek-ai/DeepSeek-V4.1-Flash",
     "--served-model-name", "deepseek-v4.1-flash", "--host", "127.0.0.1", "--port", "8000",

@@ -80,7 +80,11 @@ def render(validated: Validation, node: NodeSettings | None = None) -> LaunchPla
     par = topo.parallel
     tp = par.tensor_parallel
     if isinstance(tp, list):
-        raise ValueError("asymmetric tensor parallelism cannot be launched (plan-only)")
+        # One size per stage, all equal, is the symmetric layout written out; validation
+        # has already made an unequal list plan-only.
+        if len(set(tp)) != 1:
+            raise ValueError("asymmetric tensor parallelism cannot be launched (plan-only)")
+        tp = tp[0]
     decisions: list[tuple[str, str]] = []
     env: dict[str, str] = {}
     argv = [

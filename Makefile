@@ -75,7 +75,7 @@ WAIT ?= 5400
 export IMAGE TOPOLOGY
 
 .PHONY: help setup cli test test-image lint image wheelhouse base-image up up-node down logs monitoring health wait smoke e2e plan \
-	weights bench charts test-gpu clean
+	weights bench charts test-gpu test-oracles clean
 
 help:
 	@echo "setup       create .venv/: vllm==$(VLLM_VERSION), torch $(TORCH_VERSION), triton $(TRITON_VERSION), tilelang $(TILELANG_VERSION)"
@@ -100,6 +100,7 @@ help:
 	@echo "charts      PNG charts from benchmarks/results/ (PYTHON=... with matplotlib)"
 	@echo "e2e         stock vLLM vs the overlay, served end to end on this GPU (PYTHON=... with vLLM)"
 	@echo "test-gpu    full-size kernel tests on a CUDA GPU (PYTHON=..., installs nothing)"
+	@echo "test-oracles vLLM 0.33.0's own kernels vs ours on a CUDA GPU (PYTHON=... with vLLM)"
 
 $(STAMP): requirements/test.txt requirements/image.txt requirements/host.txt overlay/pyproject.toml
 	@$(HOST_PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ needed, got " + sys.version' 
@@ -196,6 +197,13 @@ test-gpu:
 		marks="not aot and not image and not vllm and not e2e"; echo "test-gpu: tiers gpu and plain; vllm not run: vLLM does not import with $(PYTHON)"; \
 	fi; \
 	DEEPINFER_TEST_DEVICE=cuda PYTHONPATH=overlay $(PYTHON) -m pytest --ignore=tests/image -m "$$marks" $(PYTEST_ARGS)
+
+# vLLM 0.33.0's own kernels (FlashMLA, DeepGEMM, its TileLang mHC, its cache writers and
+# gathers) against ours on the same inputs, on this CUDA GPU with vLLM importable from
+# PYTHON (required: without it the run fails). Parts a GPU cannot run (FlashMLA below
+# sm_90, say) skip as not applicable. test-gpu runs these too where vLLM imports.
+test-oracles:
+	DEEPINFER_TEST_DEVICE=cuda DEEPINFER_REQUIRE_VLLM=1 PYTHONPATH=overlay $(PYTHON) -m pytest tests/ops/test_gpu_oracles.py $(PYTEST_ARGS)
 
 # The same small checkpoint served by vLLM's own path and by ours, on this CUDA GPU with
 # vLLM 0.33.0 importable from PYTHON (benchmarks/e2e/README.md; about 20 minutes).

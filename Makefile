@@ -196,14 +196,14 @@ test-gpu:
 	else \
 		marks="not aot and not image and not vllm and not e2e"; echo "test-gpu: tiers gpu and plain; vllm not run: vLLM does not import with $(PYTHON)"; \
 	fi; \
-	DEEPINFER_TEST_DEVICE=cuda PYTHONPATH=overlay $(PYTHON) -m pytest --ignore=tests/image -m "$$marks" $(PYTEST_ARGS)
+	DEEPINFER_TEST_DEVICE=cuda PYTHONPATH=overlay:.:$${PYTHONPATH:-} $(PYTHON) -m pytest --ignore=tests/image -m "$$marks" $(PYTEST_ARGS)
 
 # vLLM 0.33.0's own kernels (FlashMLA, DeepGEMM, its TileLang mHC, its cache writers and
 # gathers) against ours on the same inputs, on this CUDA GPU with vLLM importable from
 # PYTHON (required: without it the run fails). Parts a GPU cannot run (FlashMLA below
 # sm_90, say) skip as not applicable. test-gpu runs these too where vLLM imports.
 test-oracles:
-	DEEPINFER_TEST_DEVICE=cuda DEEPINFER_REQUIRE_VLLM=1 PYTHONPATH=overlay $(PYTHON) -m pytest tests/ops/test_gpu_oracles.py $(PYTEST_ARGS)
+	DEEPINFER_TEST_DEVICE=cuda DEEPINFER_REQUIRE_VLLM=1 PYTHONPATH=overlay:.:$${PYTHONPATH:-} $(PYTHON) -m pytest tests/ops/test_gpu_oracles.py $(PYTEST_ARGS)
 
 # The same small checkpoint served by vLLM's own path and by ours, on this CUDA GPU with
 # vLLM 0.33.0 importable from PYTHON (benchmarks/e2e/README.md; about 20 minutes).
@@ -211,10 +211,10 @@ e2e:
 	DEEPINFER_TEST_DEVICE=cuda PYTHONPATH=overlay:.:$${PYTHONPATH:-} $(PYTHON) -m pytest tests/e2e -m e2e $(PYTEST_ARGS)
 
 bench:
-	PYTHONPATH=overlay:. $(PYTHON) -m benchmarks.run_all
+	PYTHONPATH=overlay:.:$${PYTHONPATH:-} $(PYTHON) -m benchmarks.run_all
 
 charts:
-	PYTHONPATH=overlay:. $(PYTHON) -m benchmarks.generate_charts
+	PYTHONPATH=overlay:.:$${PYTHONPATH:-} $(PYTHON) -m benchmarks.generate_charts
 
 clean:
 	rm -rf $(VENV) $(CLI_VENV) .pytest_cache .ruff_cache

@@ -204,3 +204,10 @@ def test_print_gpu_count_with_the_real_cli_for_every_shipped_topology(tmp_path):
                     env={"DEEPINFER_CONFIG_DIR": str(CONFIG_DIR)}, dry_run=False)  # fmt: skip
         assert out.returncode == 0, out.stderr
         assert out.stdout == f"{load(str(path))[0].gpus.count}\n", path.name
+
+
+@pytest.mark.parametrize("target", ["test-gpu", "test-oracles", "e2e", "bench", "charts"])
+def test_gpu_targets_put_the_overlay_first_and_keep_the_callers_pythonpath(tmp_path, target):
+    """An unpacked stack (vLLM, torch, ...) on PYTHONPATH must survive into the run."""
+    out = _make(tmp_path, target, env={"PYTHONPATH": "/stack/site"}).stdout
+    assert "PYTHONPATH=overlay:.:${PYTHONPATH:-}" in out, out

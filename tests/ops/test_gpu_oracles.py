@@ -123,7 +123,7 @@ from .test_cache_writers import (
     gpu_casts,
 )
 from .test_indexer_logits import fp32_budget, make_paged, make_prefill
-from .test_kv_cache import _filled_cache
+from .test_kv_cache import gather_case
 from .test_sparse_mla import (
     BUDGET_REJECTS,
     PREFILL_MUTANTS,
@@ -1748,26 +1748,6 @@ def test_generic_k_insert_bytes_equal_vllms(device, block_size):
     quantize_and_insert_k_cache(c.latent, ours, c.slots, block_size)
     theirs_fn(c.latent, theirs, c.slots, block_size)
     _assert_same_bytes(move_cache(ours, "cpu"), move_cache(theirs, "cpu"), "K insert vs vLLM")
-
-
-def gather_case(seq_lens, gather_lens, block_size, offset, device):
-    """A filled V4 cache, a shuffled block table and the lengths, as the prefill's two
-    gathers get them (compressed: ``gather_lens=None``; SWA: the tail lengths and the
-    workspace offset ``N``)."""
-    pages = [max(1, -(-s // block_size)) for s in seq_lens]
-    cache = _filled_cache(sum(pages) + 1, block_size, device, seed=7, min_scale=1)
-    table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
-    perm = torch.randperm(sum(pages) + 1, generator=torch.Generator().manual_seed(1)).int()
-    start = 0
-    for b, n in enumerate(pages):
-        table[b, :n] = perm[start : start + n]
-        start += n
-    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    gl = (
-        None if gather_lens is None else torch.tensor(gather_lens, dtype=torch.int32, device=device)
-    )
-    rows = offset + max(seq_lens)
-    return cache, sl, gl, table.to(device), rows
 
 
 GATHER_CASES = [

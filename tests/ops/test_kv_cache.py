@@ -274,3 +274,23 @@ def test_errors_name_the_argument(device):
     with pytest.raises(ValueError, match=r"k: expected dtype torch\.bfloat16"):
         quantize_and_insert_k_cache(k.float(), cache, slots, 64)
     assert RECORD_BYTES == 584
+
+
+def gather_case(seq_lens, gather_lens, block_size, offset, device):
+    """A filled V4 cache, a shuffled block table and the lengths, as the prefill's two
+    gathers get them (compressed: ``gather_lens=None``; SWA: the tail lengths and the
+    workspace offset ``N``)."""
+    pages = [max(1, -(-s // block_size)) for s in seq_lens]
+    cache = _filled_cache(sum(pages) + 1, block_size, device, seed=7, min_scale=1)
+    table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
+    perm = torch.randperm(sum(pages) + 1, generator=torch.Generator().manual_seed(1)).int()
+    start = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[start : start + n]
+        start += n
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    gl = (
+        None if gather_lens is None else torch.tensor(gather_lens, dtype=torch.int32, device=device)
+    )
+    rows = offset + max(seq_lens)
+    return cache, sl, gl, table.to(device), rows

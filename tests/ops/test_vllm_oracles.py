@@ -19,7 +19,7 @@ from deepinfer_sm80.ops.topk_swa import (
 )
 from tools.poison import nan_empty
 
-from .test_kv_cache import _filled_cache
+from .test_kv_cache import _filled_cache, gather_case
 from .test_topk_swa import TOPK, WINDOW, _global_case, make_chunk
 
 pytestmark = pytest.mark.vllm
@@ -45,19 +45,9 @@ def test_vllm_version_is_the_pinned_one():
     ],
 )
 def test_gather_equals_vllm_triton_gather(device, seq_lens, gather_lens, block_size, offset):
-    pages = [max(1, -(-s // block_size)) for s in seq_lens]
-    cache = _filled_cache(sum(pages) + 1, block_size, device, seed=7, min_scale=1)
-    table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
-    perm = torch.randperm(sum(pages) + 1, generator=torch.Generator().manual_seed(1)).int()
-    start = 0
-    for b, n in enumerate(pages):
-        table[b, :n] = perm[start : start + n]
-        start += n
-    sl = torch.tensor(seq_lens, dtype=torch.int32)
-    gl = None if gather_lens is None else torch.tensor(gather_lens, dtype=torch.int32)
-    rows = offset + max(seq_lens)
-    ours = nan_empty(len(seq_lens), rows, 512)
-    theirs = nan_empty(len(seq_lens), rows, 512)
+    cache, sl, gl, table, rows = gather_case(seq_lens, gather_lens, block_size, offset, device)
+    ours = nan_empty(len(seq_lens), rows, 512, device=device)
+    theirs = nan_empty(len(seq_lens), rows, 512, device=device)
     dequantize_and_gather_k_cache(ours, cache, sl, gl, table, block_size, offset)
     vllm_cache_utils.dequantize_and_gather_k_cache_triton(
         theirs, cache, sl, gl, table, block_size, offset

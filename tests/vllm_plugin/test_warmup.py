@@ -110,10 +110,10 @@ _V41 = SimpleNamespace(
 )
 
 
-def _long_runner(max_tokens=8192, max_model_len=1 << 20, hf=_V41):
+def _long_runner(max_tokens=8192, max_model_len=1 << 20, hf=_V41, vocab=129280):
     return SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
-        model_config=SimpleNamespace(hf_config=hf),
+        model_config=SimpleNamespace(hf_config=hf, get_vocab_size=lambda: vocab),
         max_model_len=max_model_len,
     )
 
@@ -152,8 +152,10 @@ def test_long_prefill_runs_one_mixed_step_with_room_for_the_decode_token(monkeyp
 @pytest.mark.parametrize(
     ("limits", "name"),
     [
-        ({"max_tokens": 1024}, "max_num_batched_tokens is 1024"),
-        ({"max_model_len": 1100}, "max_model_len is 1100"),
+        ({"max_tokens": 1024}, "max_num_batched_tokens >= 1155 and max_num_batched_tokens is 1024"),
+        ({"max_model_len": 1100}, "max_model_len >= 1155 and max_model_len is 1100"),
+        # The smoke checkpoint's vocabulary: vLLM's prefill ids 0..1153 would not embed.
+        ({"vocab": 256}, "vocab_size >= 1154 and vocab_size is 256"),
     ],
 )
 def test_long_prefill_skips_with_the_limit_named_when_a_step_cannot_hold_it(
@@ -166,7 +168,15 @@ def test_long_prefill_skips_with_the_limit_named_when_a_step_cannot_hold_it(
     )
     with caplog.at_level("WARNING", logger="deepinfer_sm80.warmup"):
         assert warmup.warm_long_prefill(_long_runner(**limits), "exec", "sample") == 0
-    assert name in caplog.text and "1155 tokens" in caplog.text
+    assert name in caplog.text and "over 1154 tokens" in caplog.text
+
+
+def test_long_prefill_runs_at_a_vocabulary_just_large_enough(monkeypatch):
+    from deepinfer_sm80.vllm_plugin import warmup
+
+    monkeypatch.setattr(warmup, "run_mixed_prefill_decode_warmup", lambda *a, **k: True)
+    assert warmup.warm_long_prefill(_long_runner(vocab=1154), "exec", "sample") == 1155
+    assert warmup.warm_long_prefill(_long_runner(vocab=1153), "exec", "sample") == 0
 
 
 def test_long_prefill_says_so_when_vllm_declines_the_mixed_step(monkeypatch, caplog):
@@ -195,3 +205,7 @@ def test_vllms_mixed_step_takes_the_arguments_the_long_prefill_passes():
 
     sig = inspect.signature(run_mixed_prefill_decode_warmup)
     sig.bind("runner", "exec", "sample", 1155, req_id_prefix="_deepinfer_long_prefill_warmup")
+    # The vocabulary limit rests on this: the prefill's token ids are 0 .. prefill - 1.
+    source = inspect.getsource(run_mixed_prefill_decode_warmup)
+    assert "prefill_len = num_tokens - decode_scheduled_tokens" in source
+    assert "prefill_token_ids = list(range(prefill_len))" in source

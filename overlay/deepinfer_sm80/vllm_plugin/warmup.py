@@ -103,19 +103,24 @@ def warm_long_prefill(model_runner, worker_execute_model, worker_sample_tokens) 
         return 0
     # vLLM's mixed step schedules one decode token beside the prefill.
     tokens = prefill + 1
+    # (what it needs, the server's limit): vLLM's mixed step also feeds the prefill the
+    # token ids 0 .. prefill - 1, so a vocabulary smaller than that (a smoke checkpoint's
+    # 256) would index the embedding out of bounds: a device-side assert at server start.
     limits = {
-        "max_num_batched_tokens": int(model_runner.scheduler_config.max_num_batched_tokens),
-        "max_model_len": int(model_runner.max_model_len),
+        "max_num_batched_tokens": (tokens, model_runner.scheduler_config.max_num_batched_tokens),
+        "max_model_len": (tokens, model_runner.max_model_len),
+        "vocab_size": (prefill, model_runner.model_config.get_vocab_size()),
     }
-    for name, limit in limits.items():
-        if tokens > limit:
+    for name, (needed, limit) in limits.items():
+        if needed > int(limit):
             logger.warning(
-                "deepinfer-sm80: long-prefill warmup skipped: it needs %d tokens per step "
-                "and %s is %d; the first prompt over %d tokens compiles the scored "
-                "prefill kernels instead",
-                tokens,
+                "deepinfer-sm80: long-prefill warmup skipped: it needs %s >= %d and %s is "
+                "%d; the first prompt over %d tokens compiles the scored prefill kernels "
+                "instead",
                 name,
-                limit,
+                needed,
+                name,
+                int(limit),
                 prefill,
             )
             return 0

@@ -188,15 +188,17 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 # Every test on the GPU but the image and AOT tiers (tests/image is never collected: it
-# needs Docker, not a GPU); the vllm tier too where vLLM imports (DEEPINFER_REQUIRE_VLLM=1
-# makes its absence a failure). The tiers section at the end says what ran.
+# needs Docker, not a GPU; nor tests/deploy: the host CLI's tests need its requirements,
+# the Docker SDK among them, and no GPU); the vllm tier too where vLLM imports
+# (DEEPINFER_REQUIRE_VLLM=1 makes its absence a failure). The tiers section at the end
+# says what ran.
 test-gpu:
 	@if [ "$${DEEPINFER_REQUIRE_VLLM:-}" = 1 ] || $(PYTHON) -c 'import vllm' >/dev/null 2>&1; then \
 		marks="not aot and not image and not e2e"; echo "test-gpu: tiers gpu, plain and vllm (vLLM imports or is required)"; \
 	else \
 		marks="not aot and not image and not vllm and not e2e"; echo "test-gpu: tiers gpu and plain; vllm not run: vLLM does not import with $(PYTHON)"; \
 	fi; \
-	DEEPINFER_TEST_DEVICE=cuda PYTHONPATH=overlay:.:$${PYTHONPATH:-} $(PYTHON) -m pytest --ignore=tests/image -m "$$marks" $(PYTEST_ARGS)
+	DEEPINFER_TEST_DEVICE=cuda PYTHONPATH=overlay:.:$${PYTHONPATH:-} $(PYTHON) -m pytest --ignore=tests/image --ignore=tests/deploy -m "$$marks" $(PYTEST_ARGS)
 
 # vLLM 0.33.0's own kernels (FlashMLA, DeepGEMM, its TileLang mHC, its cache writers and
 # gathers) against ours on the same inputs, on this CUDA GPU with vLLM importable from

@@ -44,6 +44,9 @@ def test_tests_runs_the_gpu_tier_with_the_stack_on_pythonpath_detached(tmp_path)
     log = (out / "tests.log").read_text()
     assert "test-gpu PYTHON=python3 DEEPINFER_REQUIRE_VLLM=1" in log
     assert f"--junitxml={out}/tests.xml" in log
+    # A test per line as it ends (a run cut short still names its failures), and a module
+    # that fails to import does not stop the rest.
+    assert "-v -rfE" in log and "--continue-on-collection-errors" in log
     # The unpacked stack first, then the overlay, the checkout and the plugin's dist-info.
     site = tmp_path / "home" / "site"
     assert f"pythonpath: {site}:{ROOT / 'overlay'}:{ROOT}:{tmp_path / 'home' / 'meta'}" in log
@@ -52,3 +55,27 @@ def test_tests_runs_the_gpu_tier_with_the_stack_on_pythonpath_detached(tmp_path)
 def test_unknown_commands_are_refused(tmp_path):
     run = _run(tmp_path, "bogus")
     assert run.returncode == 2 and "unknown command bogus" in run.stderr
+
+
+def test_collect_lists_each_tests_outcome_from_a_run_cut_short(tmp_path):
+    out = tmp_path / "home" / "out"
+    out.mkdir(parents=True)
+    (out / "tests.log").write_text(
+        "test-gpu: tiers gpu\n"
+        "tests/ops/test_a.py::test_one PASSED [ 1%]\n"
+        "tests/ops/test_a.py::test_two FAILED [ 2%]\n"
+        "tests/ops/test_b.py::test_three SKIPPED (why) [ 3%]\n"
+    )  # no tests.done: the run was cut short
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    run = _run(tmp_path, "collect", str(dest))
+    assert run.returncode == 0, run.stderr
+    outcomes = (out / "tests.outcomes").read_text().splitlines()
+    assert outcomes == [
+        "tests/ops/test_a.py::test_one PASSED [ 1%]",
+        "tests/ops/test_a.py::test_two FAILED [ 2%]",
+        "tests/ops/test_b.py::test_three SKIPPED (why) [ 3%]",
+    ]
+    listing = subprocess.run(["tar", "tzf", str(dest / "e2e-results.tar.gz")],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "./tests.outcomes" in listing.split()

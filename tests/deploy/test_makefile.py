@@ -206,6 +206,16 @@ def test_print_gpu_count_with_the_real_cli_for_every_shipped_topology(tmp_path):
         assert out.stdout == f"{load(str(path))[0].gpus.count}\n", path.name
 
 
+def test_gpu_tier_leaves_out_the_image_and_the_host_clis_tests(tmp_path):
+    """tests/image needs Docker and tests/deploy the host CLI's requirements (the Docker
+    SDK): a GPU machine's stack has neither, and neither holds a GPU test."""
+    out = _make(tmp_path, "test-gpu", "PYTHON=python3").stdout
+    assert "--ignore=tests/image --ignore=tests/deploy" in out, out
+    gpu_tests = subprocess.run(["grep", "-rlE", "mark" + r"\.gpu", "tests/deploy", "tests/image"],
+                               cwd=ROOT, capture_output=True, text=True).stdout  # fmt: skip
+    assert gpu_tests == "", gpu_tests
+
+
 @pytest.mark.parametrize("target", ["test-gpu", "test-oracles", "e2e", "bench", "charts"])
 def test_gpu_targets_put_the_overlay_first_and_keep_the_callers_pythonpath(tmp_path, target):
     """An unpacked stack (vLLM, torch, ...) on PYTHONPATH must survive into the run."""

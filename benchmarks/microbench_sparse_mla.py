@@ -31,6 +31,48 @@ SUITE = "sparse_mla"
 SCALE = 512**-0.5
 
 
+def decode_inputs(T: int, heads: int, main_width: int, extra_width: int) -> tuple:
+    """A decode case's inputs on the GPU: ``(q, cache, idx, lens, sink, extra, eidx,
+    elens, outs)``, q ``[T, 64, 512]`` (64 padded heads, of which ``heads`` are real),
+    every token with all its rows, and two output buffers."""
+    g = torch.Generator(device="cuda").manual_seed(T * 131 + heads)
+    n_main = max(4096, 2 * main_width)
+    n_extra = max(65536, 4 * extra_width)  # a long compressed history to pick from
+    cache = random_cache(-(-n_main // 256) + 1, 256, seed=1)
+    extra = random_cache(-(-n_extra // 64) + 1, 64, seed=2) if extra_width else None
+    idx = torch.randint(0, n_main, (T, main_width), device="cuda", generator=g).int()
+    lens = torch.full((T,), main_width, dtype=torch.int32, device="cuda")
+    eidx = elens = None
+    if extra_width:
+        eidx = torch.randint(0, n_extra, (T, extra_width), device="cuda", generator=g).int()
+        elens = torch.full((T,), extra_width, dtype=torch.int32, device="cuda")
+    q = (torch.randn(T, 64, 512, device="cuda", generator=g) * 1.4).to(torch.bfloat16)
+    sink = torch.randn(64, device="cuda", generator=g) + 4
+    outs = [torch.empty_like(q), torch.empty_like(q)]
+    return q, cache, idx, lens, sink, extra, eidx, elens, outs
+
+
+def run_decode(st: tuple, heads: int, splits: str, out_slot: int = 0) -> tuple:
+    """``sparse_mla_decode`` on ``decode_inputs``' tensors, with
+    DEEPINFER_SPARSE_MLA_DECODE_SPLITS=``splits``, into ``outs[out_slot]``: ``(out, lse)``."""
+    q, cache, idx, lens, sink, extra, eidx, elens, outs = st
+    with restored_env(DECODE_SPLITS_ENV):
+        os.environ[DECODE_SPLITS_ENV] = splits
+        return sparse_mla_decode(
+            q,
+            cache,
+            idx,
+            lens,
+            SCALE,
+            sink,
+            extra,
+            eidx,
+            elens,
+            out=outs[out_slot],
+            num_heads=heads,
+        )
+
+
 def _decode_case(
     registry: Registry,
     T: int,
@@ -46,30 +88,10 @@ def _decode_case(
         name += f"_{splits}"
 
     def setup():
-        g = torch.Generator(device="cuda").manual_seed(T * 131 + heads)
-        n_main = max(4096, 2 * main_width)
-        n_extra = max(65536, 4 * extra_width)  # a long compressed history to pick from
-        cache = random_cache(-(-n_main // 256) + 1, 256, seed=1)
-        extra = random_cache(-(-n_extra // 64) + 1, 64, seed=2) if extra_width else None
-        idx = torch.randint(0, n_main, (T, main_width), device="cuda", generator=g).int()
-        lens = torch.full((T,), main_width, dtype=torch.int32, device="cuda")
-        eidx = elens = None
-        if extra_width:
-            eidx = torch.randint(0, n_extra, (T, extra_width), device="cuda", generator=g).int()
-            elens = torch.full((T,), extra_width, dtype=torch.int32, device="cuda")
-        q = (torch.randn(T, 64, 512, device="cuda", generator=g) * 1.4).to(torch.bfloat16)
-        sink = torch.randn(64, device="cuda", generator=g) + 4
-        outs = [torch.empty_like(q), torch.empty_like(q)]
-        return q, cache, idx, lens, sink, extra, eidx, elens, outs
+        return decode_inputs(T, heads, main_width, extra_width)
 
     def candidate(st):
-        q, cache, idx, lens, sink, extra, eidx, elens, outs = st
-        with restored_env(DECODE_SPLITS_ENV):
-            os.environ[DECODE_SPLITS_ENV] = splits
-            sparse_mla_decode(
-                q, cache, idx, lens, SCALE, sink, extra, eidx, elens, out=outs[0], num_heads=heads
-            )
-        return outs[0][:, :heads]
+        return run_decode(st, heads, splits)[0][:, :heads]
 
     def baseline(st):
         q, cache, idx, lens, sink, extra, eidx, elens, outs = st

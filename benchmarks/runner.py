@@ -115,33 +115,52 @@ class CudaTimer:
         self._flush = None
 
     def __call__(self, fn: Callable[[], Any]) -> Timing:
+        return self.interleaved([fn])[0]
+
+    def interleaved(self, fns: list[Callable[[], Any]]) -> list[Timing]:
+        """Time several callables rep by rep in turn (A, B, A, B, ...), each rep as
+        ``__call__`` times one, so clock and thermal drift fall on all of them alike."""
         import torch
 
         if self._flush is None:
             self._flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-        host_us = []
+        host_us: list[list[float]] = [[] for _ in fns]
         for _ in range(self.warmup):
-            t0 = time.perf_counter()
-            fn()
-            host_us.append((time.perf_counter() - t0) * 1e6)
-            torch.cuda.synchronize()
+            for fn, spent in zip(fns, host_us, strict=True):
+                t0 = time.perf_counter()
+                fn()
+                spent.append((time.perf_counter() - t0) * 1e6)
+                torch.cuda.synchronize()
         # Hold the stream for 3x the host enqueue time (median of the warm calls: the
         # first may include a JIT compile), between 200 us and 50 ms.
-        steady = sorted(host_us[1:] or host_us)[len(host_us[1:] or host_us) // 2]
-        sleep_us = min(max(200.0, 3 * steady), 50_000.0)
-        sleep_cycles = int(sleep_us * self.CYCLES_PER_US)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        for start, end in zip(starts, ends, strict=True):
-            self._flush.zero_()
-            torch.cuda._sleep(sleep_cycles)
-            start.record()
-            fn()
-            end.record()
+        sleep_cycles = []
+        for spent in host_us:
+            steady = sorted(spent[1:] or spent)[len(spent[1:] or spent) // 2]
+            sleep_us = min(max(200.0, 3 * steady), 50_000.0)
+            sleep_cycles.append(int(sleep_us * self.CYCLES_PER_US))
+        events = [
+            [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(self.reps)
+            ]
+            for _ in fns
+        ]
+        for rep in range(self.reps):
+            for fn, cycles, pairs in zip(fns, sleep_cycles, events, strict=True):
+                start, end = pairs[rep]
+                self._flush.zero_()
+                torch.cuda._sleep(cycles)
+                start.record()
+                fn()
+                end.record()
         torch.cuda.synchronize()
-        times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
-        pick = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
-        return Timing(pick(0.5), pick(0.2), pick(0.8))
+        return [_timing([s.elapsed_time(e) * 1e3 for s, e in pairs]) for pairs in events]
+
+
+def _timing(times_us: list[float]) -> Timing:
+    times = sorted(times_us)
+    pick = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+    return Timing(pick(0.5), pick(0.2), pick(0.8))
 
 
 @contextlib.contextmanager

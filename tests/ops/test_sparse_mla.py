@@ -524,6 +524,49 @@ def test_decode_deterministic_and_batch_invariant(device, engine, heads):
     assert torch.equal(single[0, :heads].view(torch.int16), first[t, :heads].view(torch.int16))
 
 
+def _with_splits_fastest(monkeypatch, on: bool):
+    cfg = arch.KERNEL_CONFIGS["sparse_mla.decode_tilelang"]
+    consts = {**cfg.constexpr_dict(), "SPLITS_FASTEST": int(on)}
+    monkeypatch.setitem(
+        arch.KERNEL_CONFIGS,
+        "sparse_mla.decode_tilelang",
+        dataclasses.replace(cfg, constexprs=tuple(consts.items())),
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [64, 16, NARROW, NARROW_H5])
+@pytest.mark.parametrize("rows", [16, 192, 640])
+def test_splits_fastest_grid_gives_the_same_bits(device, monkeypatch, heads, rows):
+    """arch.py SPLITS_FASTEST=1 (a 1-D grid, a token's splits side by side) gives the
+    default grid order's bits, out and lse: 40, 4 and 1 splits per token (the in-kernel
+    merge, and the direct output; 640 rows: the narrow kernel's register path), tokens
+    with fewer splits and with none, eagerly and under CUDA-graph replay, and the merge's
+    counters are back at zero."""
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
+    _with_rows_per_split(monkeypatch, rows)
+    case = make_decode_case(
+        5, 64, seed=43, device=device, lens=[128, 128, 60, 0, 128], extra_lens=[512, 100, 3, 0, 317]
+    )
+    want, want_lse = case.run(heads)
+    _with_splits_fastest(monkeypatch, True)
+    got, got_lse = case.run(heads)
+    bits = lambda x: x[:, :heads].contiguous().view(torch.int32 if x.dim() == 2 else torch.int16)  # noqa: E731
+    assert torch.equal(bits(got), bits(want)) and torch.equal(bits(got_lse), bits(want_lse))
+    out = torch.empty_like(case.q)
+    case.run(heads, out=out)  # compiled already; outside the capture all the same
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, graph_lse = case.run(heads, out=out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(out), bits(want)) and torch.equal(bits(graph_lse), bits(want_lse))
+    for counters in tilelang_kernels._counters.values():
+        assert counters.abs().sum().item() == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [32, 8])
 def test_decode_replays_under_cuda_graph(device, engine, heads):
@@ -1070,6 +1113,32 @@ def test_tilelang_kernels_fit_ampere():
     print(format_reports(reports))
     assert len(reports) == 2 * len(shipped_variants()) == 24
     assert fit_violations(reports) == []
+    assert all(r.min_ctas_per_sm == 2 and r.threads == 256 for r in reports)
+
+
+@pytest.mark.aot
+def test_splits_fastest_grid_fits_ampere(monkeypatch):
+    """arch.py SPLITS_FASTEST=1: the decode variants of V4.1's 128 + 512 rows (latency and
+    throughput split sizes, wide and narrow kernels) are built in that order and fit
+    sm_80 and sm_86 as the shipped order does."""
+    import dataclasses as dc
+
+    from deepinfer_sm80 import tilelang_build
+    from deepinfer_sm80.ampere_fit import fit_violations, format_reports
+
+    _with_splits_fastest(monkeypatch, True)
+    variants = [
+        v
+        for v in tilelang_kernels.shipped_variants()
+        if not v.bf16_rows and (v.main_width, v.extra_width) == (128, 512)
+    ]
+    assert len(variants) == 4 and all(v.splits_fastest for v in variants)
+    assert {v.label for v in variants}.isdisjoint(
+        dc.replace(v, splits_fastest=False).label for v in variants
+    )
+    reports = tilelang_build.fit_reports(variants, (80, 86))
+    print(format_reports(reports))
+    assert len(reports) == 8 and fit_violations(reports) == []
     assert all(r.min_ctas_per_sm == 2 and r.threads == 256 for r in reports)
 
 

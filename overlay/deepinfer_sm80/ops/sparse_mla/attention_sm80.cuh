@@ -514,17 +514,50 @@ __device__ __forceinline__ void merge_head_splits(int64_t t, int64_t h, int n_sp
   }
 }
 
+// A CTA's place in its launch grid: token, head block, split, and the grid's head-block
+// count (ceil(num_heads / heads per CTA) in both orders). Two orders
+// (tilelang_kernels.DecodeVariant.splits_fastest):
+//   default: grid (tokens, head blocks, kMaxSplits). CUDA issues blockIdx.x fastest, so a
+//     token's splits start tokens x head blocks CTAs apart;
+//   kSplitsFastest: a 1-D grid, CTA i = split + kMaxSplits * (head block + head blocks *
+//     token), so a token's splits are issued back to back and the last to arrive merges
+//     partials the others have just written. Tokens stay in x (2^31 - 1 CTAs), never in
+//     y or z (65535 at most).
+// The merge's counter of (token, head block) is t * head_blocks + head_block in both.
+// The kSplitsFastest decode is not yet verified on a GPU (benchmarks/ab_decode_grid_order.py
+// and tests/ops/test_sparse_mla.py check it there bit for bit against the default).
+struct CtaPlace {
+  int64_t t;
+  unsigned head_block;
+  unsigned head_blocks;
+  int split;
+};
+
+template <bool kSplitsFastest, int kMaxSplits, int kCtaHeads>
+__device__ __forceinline__ CtaPlace cta_place(int num_heads) {
+  if constexpr (kSplitsFastest) {
+    const unsigned head_blocks = (num_heads + kCtaHeads - 1) / kCtaHeads;
+    const unsigned rest = blockIdx.x / kMaxSplits;  // head block + head blocks * token
+    return {rest / head_blocks, rest % head_blocks, head_blocks,
+            static_cast<int>(blockIdx.x % kMaxSplits)};
+  } else {
+    return {blockIdx.x, blockIdx.y, gridDim.y, static_cast<int>(blockIdx.z)};
+  }
+}
+
 // Both kernels' last step for a split token, after every thread has stored its
-// partials: arrive, and in the CTA that arrives last merge heads head0 .. head0 +
-// kCtaHeads - 1 (warp w: heads w, w + 8, ...). No-op without counters (counters_addr 0:
-// the caller launches the reduction kernel instead).
+// partials: arrive, and in the CTA that arrives last merge the heads of its head block,
+// head0 .. head0 + kCtaHeads - 1 (warp w: heads w, w + 8, ...). No-op without counters
+// (counters_addr 0: the caller launches the reduction kernel instead).
 template <int kMaxSplits, bool kHasSink, int kCtaHeads>
 __device__ __forceinline__ void merge_splits_if_last(
-    int64_t counters_addr, int64_t t, int head0, int n_splits, int64_t part_acc_addr,
+    int64_t counters_addr, const CtaPlace& at, int n_splits, int64_t part_acc_addr,
     int64_t part_ml_addr, int64_t out_addr, int64_t out_stride_t, int64_t out_stride_h,
     float* lse_ptr, int64_t lse_stride_t, int64_t sink_addr, int num_heads, float* flag) {
   if (counters_addr == 0) return;
-  int* counter = reinterpret_cast<int*>(counters_addr) + t * gridDim.y + blockIdx.y;
+  const int64_t t = at.t;
+  const int head0 = at.head_block * kCtaHeads;
+  int* counter = reinterpret_cast<int*>(counters_addr) + t * at.head_blocks + at.head_block;
   if (!last_split_to_arrive(counter, n_splits, flag)) return;
   const int warp = threadIdx.x >> 5;
 #pragma unroll
@@ -538,7 +571,8 @@ __device__ __forceinline__ void merge_splits_if_last(
 }
 
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
-          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows>
+          int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows,
+          bool kSplitsFastest = false>
 __device__ __forceinline__ void decode_cta(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
@@ -554,9 +588,10 @@ __device__ __forceinline__ void decode_cta(
   using S = Smem<kRowsPerSplit, kBf16Rows ? 1 : kRowsPerSplit>;
   static_assert(sizeof(S) <= kSmemBytes, "smem_bytes() is smaller than Smem");
   auto& sm = *reinterpret_cast<S*>(smem_raw);
-  const int64_t t = blockIdx.x;
-  const int head0 = blockIdx.y * kHeads;
-  const int split = blockIdx.z;
+  const CtaPlace at = cta_place<kSplitsFastest, kMaxSplits, kHeads>(num_heads);
+  const int64_t t = at.t;
+  const int head0 = at.head_block * kHeads;
+  const int split = at.split;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;  // MMA fragment row group
@@ -899,7 +934,7 @@ __device__ __forceinline__ void decode_cta(
       if (h_hi < num_heads) *reinterpret_cast<float2*>(p_hi + d) = make_float2(acc[j][2], acc[j][3]);
     }
     merge_splits_if_last<kMaxSplits, kHasSink, kHeads>(
-        counters_addr, t, head0, n_splits, part_acc_addr, part_ml_addr, out_addr, out_stride_t,
+        counters_addr, at, n_splits, part_acc_addr, part_ml_addr, out_addr, out_stride_t,
         out_stride_h, lse_ptr, lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);
   }
 }
@@ -989,7 +1024,7 @@ __device__ __forceinline__ uint32_t factor_pair_bf16(uint2 fields, int k) {
 
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
           int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows,
-          bool kRegisterPV>
+          bool kRegisterPV, bool kSplitsFastest = false>
 __device__ __forceinline__ void decode_cta_narrow(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
@@ -1012,9 +1047,10 @@ __device__ __forceinline__ void decode_cta_narrow(
   using S = SmemNarrow<kRowsPerSplit, kBf16Rows ? 1 : kPaddedRows, kRegisterPV ? 2 : kWarps>;
   static_assert(sizeof(S) <= kSmemBytes, "smem_bytes() is smaller than SmemNarrow");
   auto& sm = *reinterpret_cast<S*>(smem_raw);
-  const int64_t t = blockIdx.x;
-  const int head0 = blockIdx.y * kNarrowHeads;
-  const int split = blockIdx.z;
+  const CtaPlace at = cta_place<kSplitsFastest, kMaxSplits, kNarrowHeads>(num_heads);
+  const int64_t t = at.t;
+  const int head0 = at.head_block * kNarrowHeads;
+  const int split = at.split;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
@@ -1412,7 +1448,7 @@ __device__ __forceinline__ void decode_cta_narrow(
       }
     }
     merge_splits_if_last<kMaxSplits, kHasSink, kNarrowHeads>(
-        counters_addr, t, head0, n_splits, part_acc_addr, part_ml_addr, out_addr, out_stride_t,
+        counters_addr, at, n_splits, part_acc_addr, part_ml_addr, out_addr, out_stride_t,
         out_stride_h, lse_ptr, lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);
   }
 }

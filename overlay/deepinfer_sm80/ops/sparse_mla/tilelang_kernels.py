@@ -60,6 +60,11 @@ class DecodeVariant:
     # Prefill: the kernel over bf16 rows of vLLM's gather workspace (no scales), one split
     # per token.
     bf16_rows: bool = False
+    # The launch grid's order (arch.py SPLITS_FASTEST; cta_place in attention_sm80.cuh):
+    # False, grid (tokens, head blocks, splits), token fastest; True, a 1-D grid whose CTA
+    # i is split + max_splits * (head block + head blocks * token), so a token's splits
+    # run side by side. Not yet verified on a GPU.
+    splits_fastest: bool = False
 
     def __post_init__(self) -> None:
         if self.rows_per_split % ROWS_PER_TILE:
@@ -95,7 +100,8 @@ class DecodeVariant:
         op = "prefill" if self.bf16_rows else "decode"
         return (
             f"sparse_mla.{op}_tl[{self.main_width}+{self.extra_width},"
-            f"r{self.rows_per_split},p{self.prefetch}{flags}{',h8' if self.narrow else ''}]"
+            f"r{self.rows_per_split},p{self.prefetch}{flags}{',h8' if self.narrow else ''}"
+            f"{',splits-fastest' if self.splits_fastest else ''}]"
         )
 
     @property
@@ -156,7 +162,8 @@ class DecodeVariant:
             f"<{self.main_width}, {self.extra_width}, "
             f"{b[self.has_extra]}, {b[self.has_len]}, {b[self.has_sink]}, "
             f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}, "
-            f"{b[self.bf16_rows]}{(', ' + b[self.register_pv]) if self.narrow else ''}>"
+            f"{b[self.bf16_rows]}{(', ' + b[self.register_pv]) if self.narrow else ''}"
+            f"{', true' if self.splits_fastest else ''}>"
         )
 
     def build(self):
@@ -172,6 +179,14 @@ class DecodeVariant:
         callee = self.callee()
         max_splits = self.max_splits
         heads_per_cta = self.heads_per_cta
+        splits_fastest = self.splits_fastest
+
+        def launch_grid(num_tokens, num_heads) -> tuple:
+            """The grid of either order (``cta_place`` in attention_sm80.cuh decodes it)."""
+            head_blocks = T.ceildiv(num_heads, heads_per_cta)
+            if splits_fastest:
+                return (num_tokens * head_blocks * max_splits,)
+            return (num_tokens, head_blocks, max_splits)
 
         @T.prim_func
         def kernel(
@@ -204,12 +219,7 @@ class DecodeVariant:
             scale_log2: T.float32,
             num_heads: T.int32,
         ):
-            with T.Kernel(
-                num_tokens,
-                T.ceildiv(num_heads, heads_per_cta),
-                max_splits,
-                threads=THREADS,
-            ) as (_, _, _):
+            with T.Kernel(*launch_grid(num_tokens, num_heads), threads=THREADS):
                 T.import_source(source)
                 T.annotate_min_blocks_per_sm(MIN_CTAS_PER_SM)
                 buf = T.alloc_shared((smem,), "uint8")
@@ -276,14 +286,15 @@ def shipped_variants() -> list[DecodeVariant]:
     """What a DeepSeek-V4.1 server launches. Decode: SWA 128 + Top-K 512 (compressed
     layers), SWA 128 alone, and the DSpark draft layers' 192-row window, wide and narrow;
     prefill: the two index widths of the bf16 workspace. vLLM always passes the lengths
-    and the sink. Decode's split size and prefetch depth are arch.py's; both kernels also
-    ship the throughput split size for the widths past ROWS_PER_SPLIT
+    and the sink. Decode's split size, prefetch depth and grid order are arch.py's; both
+    kernels also ship the throughput split size for the widths past ROWS_PER_SPLIT
     (``engine.decode_rows_per_split``)."""
     cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
     rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
+    order = {"splits_fastest": bool(cfg["SPLITS_FASTEST"])}
     widths = ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
     decode = [
-        DecodeVariant(main, extra, True, True, rps, 1 if narrow else prefetch, narrow)
+        DecodeVariant(main, extra, True, True, rps, 1 if narrow else prefetch, narrow, **order)
         for narrow in (False, True)
         for main, extra in widths
     ]
@@ -296,6 +307,7 @@ def shipped_variants() -> list[DecodeVariant]:
             cfg["THROUGHPUT_ROWS_PER_SPLIT"],
             1 if narrow else prefetch,
             narrow,
+            **order,
         )
         for narrow in (False, True)
         for main, extra in widths
@@ -446,6 +458,7 @@ def launch(
         rows_per_split=rows_per_split,
         prefetch=1 if heads <= NARROW_HEADS else prefetch,
         narrow=heads <= NARROW_HEADS,
+        splits_fastest=bool(cfg["SPLITS_FASTEST"]),
     )
     if variant not in _seen:
         # A variant warmup did not build compiles on first use (about 2 s, with nvcc):

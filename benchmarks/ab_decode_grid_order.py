@@ -1,0 +1,203 @@
+"""A/B of the TileLang sparse-MLA decode's launch-grid order (arch.py ``SPLITS_FASTEST``).
+
+A: grid (tokens, head blocks, splits), token fastest (the shipped order). B: a 1-D grid
+with the split fastest (``DecodeVariant.splits_fastest``), so a token's splits run side
+by side. For 8, 32 and 64 heads per rank, T in (16, 64, 256) and both split modes
+(``engine.decode_split_mode``: latency, throughput) on the sparse_mla suite's decode
+inputs (``microbench_sparse_mla.decode_inputs``: SWA 128 + Top-K 512, every row used),
+both orders run in this one process: their ``out`` and ``lse`` must be bit-identical
+(no speed-up is reported otherwise), then each is timed as GPU work only with CUDA
+events, cold L2, A and B interleaved rep by rep (``runner.CudaTimer.interleaved``).
+One line per case, and a JSON report at ``--out``.
+
+Run (CUDA GPU with TileLang): ``PYTHONPATH=overlay:. python3 -m
+benchmarks.ab_decode_grid_order --out results.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+CONFIG = "sparse_mla.decode_tilelang"
+HEADS = (8, 32, 64)
+TOKENS = (16, 64, 256)
+SPLIT_MODES = ("latency", "throughput")
+WIDTHS = (128, 512)  # SWA window + Top-K rows: V4.1's compressed layers
+MIN_REPS = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class AbCase:
+    heads: int
+    T: int
+    splits: str
+
+    @property
+    def name(self) -> str:
+        return f"H{self.heads}_T{self.T}_{self.splits}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="path of the JSON report")
+    parser.add_argument("--reps", type=int, default=MIN_REPS, help=f"timed reps (>= {MIN_REPS})")
+    parser.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--splits", nargs="+", default=list(SPLIT_MODES), choices=SPLIT_MODES)
+    args = parser.parse_args(argv)
+    if args.reps < MIN_REPS:
+        parser.error(f"--reps: at least {MIN_REPS}, got {args.reps}")
+    if any(not 0 < h <= 64 for h in args.heads) or any(t <= 0 for t in args.tokens):
+        parser.error("--heads: 1..64 (the inputs pad to 64 heads); --tokens: positive")
+    return args
+
+
+def cases(args: argparse.Namespace) -> list[AbCase]:
+    return [AbCase(h, t, s) for s in args.splits for h in args.heads for t in args.tokens]
+
+
+def kernel_builds(case_list: list[AbCase]) -> int:
+    """TileLang builds the run needs: per order, one per kernel (narrow for <= 8 heads,
+    else wide) and split size (latency and throughput differ at 640 rows)."""
+    kinds = {(c.heads <= 8, c.splits) for c in case_list}
+    return 2 * len(kinds)
+
+
+@contextlib.contextmanager
+def grid_order(splits_fastest: bool) -> Iterator[None]:
+    """arch.py's TileLang decode config with SPLITS_FASTEST set, for the block's calls."""
+    from deepinfer_sm80 import arch
+
+    base = arch.KERNEL_CONFIGS[CONFIG]
+    consts = {**base.constexpr_dict(), "SPLITS_FASTEST": int(splits_fastest)}
+    arch.KERNEL_CONFIGS[CONFIG] = dataclasses.replace(base, constexprs=tuple(consts.items()))
+    try:
+        yield
+    finally:
+        arch.KERNEL_CONFIGS[CONFIG] = base
+
+
+def _bits(t):
+    import torch
+
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def run_case(case: AbCase, timer) -> dict:
+    import torch
+
+    from benchmarks.microbench_sparse_mla import decode_inputs, run_decode
+
+    st = decode_inputs(case.T, case.heads, *WIDTHS)
+
+    def call(splits_fastest: bool):
+        with grid_order(splits_fastest):  # A writes outs[0], B outs[1]
+            return run_decode(st, case.heads, case.splits, out_slot=int(splits_fastest))
+
+    row: dict = {"case": case.name, **dataclasses.asdict(case)}
+    got = {}
+    for order in (False, True):
+        t0 = time.perf_counter()
+        out, lse = call(order)
+        torch.cuda.synchronize()
+        row["first_call_s_" + ("b" if order else "a")] = round(time.perf_counter() - t0, 2)
+        h = case.heads
+        got[order] = (out[:, :h].clone(), lse[:, :h].clone())
+    (out_a, lse_a), (out_b, lse_b) = got[False], got[True]
+    row["bitwise_equal"] = bool(
+        torch.equal(_bits(out_a), _bits(out_b)) and torch.equal(_bits(lse_a), _bits(lse_b))
+    )
+    if not row["bitwise_equal"]:
+        row["max_abs_diff_out"] = (out_a.float() - out_b.float()).abs().max().item()
+        return row
+    t_a, t_b = timer.interleaved([lambda: call(False), lambda: call(True)])
+    row.update(
+        a_median_us=t_a.median_us,
+        a_p80_us=t_a.p80_us,
+        b_median_us=t_b.median_us,
+        b_p80_us=t_b.p80_us,
+        speedup_median=t_a.median_us / t_b.median_us,
+        speedup_p80=t_a.p80_us / t_b.p80_us,
+    )
+    return row
+
+
+def _line(row: dict, gpu: str) -> str:
+    head = f"{gpu} | {row['case']:22s}"
+    if not row["bitwise_equal"]:
+        diff = row["max_abs_diff_out"]
+        return f"{head} | OUTPUTS DIFFER (max |out A - out B| {diff:.3g}): not timed"
+    return (
+        f"{head} | A token-fastest {row['a_median_us']:8.1f} us (p80 {row['a_p80_us']:8.1f})"
+        f" | B splits-fastest {row['b_median_us']:8.1f} us (p80 {row['b_p80_us']:8.1f})"
+        f" | A/B {row['speedup_median']:.3f}x (p80 {row['speedup_p80']:.3f}x) | bitwise equal"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from benchmarks.runner import CudaTimer, device_info, restored_env, warm_up_gpu
+    from deepinfer_sm80 import tilelang_build
+    from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
+
+    if not torch.cuda.is_available():
+        print("ab_decode_grid_order: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    info = device_info()
+    versions = (
+        f"{info.get('gpu')} | torch {info['torch']} | triton {info['triton']} | "
+        f"tilelang {info['tilelang']} | CUDA {info['cuda_runtime']} | driver {info.get('driver')}"
+    )
+    print(versions + f" | cold L2, CUDA events, {args.reps} reps interleaved A/B", flush=True)
+    case_list = cases(args)
+    warm_up_gpu()
+    timer = CudaTimer(reps=args.reps)
+    builds_before = set(tilelang_build._compiled)
+    rows = []
+    with restored_env(DECODE_ENGINE_ENV):
+        os.environ[DECODE_ENGINE_ENV] = "tilelang"  # never a silent Triton fallback
+        for case in case_list:
+            row = run_case(case, timer)
+            rows.append(row)
+            print(_line(row, info.get("gpu", "?")), flush=True)
+    builds = sorted(v.label for v, _ in set(tilelang_build._compiled) - builds_before)
+    compiles = len(builds)
+    report = {
+        "benchmark": "ab_decode_grid_order",
+        "device": info,
+        "reps": args.reps,
+        "widths": list(WIDTHS),
+        "a": "token fastest: grid (tokens, head blocks, splits)",
+        "b": "splits fastest: 1-D grid, CTA = split + splits * (head block + blocks * token)",
+        "tilelang_builds": compiles,
+        "tilelang_builds_expected": kernel_builds(case_list),
+        "tilelang_build_labels": builds,
+        "first_calls_s": round(sum(r["first_call_s_a"] + r["first_call_s_b"] for r in rows), 1),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "all_bitwise_equal": all(r["bitwise_equal"] for r in rows),
+        "cases": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(
+        f"{len(rows)} cases, {compiles} TileLang builds, first calls {report['first_calls_s']} s,"
+        f" wall {report['wall_s']} s, all bitwise equal: {report['all_bitwise_equal']};"
+        f" wrote {args.out}",
+        flush=True,
+    )
+    return 0 if report["all_bitwise_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""benchmarks.ab_decode_grid_order on CPU: its arguments and case list, and the grid-order
+flag (arch.py SPLITS_FASTEST) it switches: part of the kernel's key and label, picked up
+by launch() and warmup, and changing TileLang's generated code (lowered for sm_80, not
+compiled) only when on: the launch grid and the callee's last template argument. The
+timing itself needs a CUDA GPU."""
+
+import pytest
+import torch
+
+from benchmarks import ab_decode_grid_order as ab
+from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
+from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import DecodeVariant
+
+
+def test_arguments_and_case_list():
+    args = ab.parse_args(["--out", "x.json"])
+    cases = ab.cases(args)
+    assert args.reps == 50 and str(args.out) == "x.json"
+    assert len(cases) == 18 and len(set(cases)) == 18
+    assert {c.heads for c in cases} == {8, 32, 64} and {c.T for c in cases} == {16, 64, 256}
+    assert {c.splits for c in cases} == {"latency", "throughput"}
+    assert cases[0].name == "H8_T16_latency"
+    # 2 orders x (wide, narrow) x (192-row, 640-row splits): 8 TileLang builds
+    assert ab.kernel_builds(cases) == 8
+    small = ab.cases(ab.parse_args(["--out", "y", "--heads", "8", "--tokens", "4", "--reps", "60"]))
+    assert [c.name for c in small] == ["H8_T4_latency", "H8_T4_throughput"]
+    assert ab.kernel_builds(small) == 4
+    for bad in ([], ["--out", "x", "--reps", "49"], ["--out", "x", "--splits", "fast"]):
+        with pytest.raises(SystemExit):
+            ab.parse_args(bad)
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--out", "x", "--heads", "65"])
+
+
+def _variant(narrow: bool, on: bool) -> DecodeVariant:
+    return DecodeVariant(128, 512, True, True, 192, 1, narrow, splits_fastest=on)
+
+
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
+def test_flag_is_part_of_the_kernel_key_and_name(narrow):
+    off, on = _variant(narrow, False), _variant(narrow, True)
+    assert off == DecodeVariant(128, 512, True, True, 192, 1, narrow)  # off by default
+    assert off != on and hash(off) != hash(on)
+    assert on.label == off.label[:-1] + ",splits-fastest]" and "splits" not in off.label
+    assert on.callee() == off.callee()[:-1] + ", true>"
+    assert (on.smem_bytes(), on.max_splits) == (off.smem_bytes(), off.max_splits)
+
+
+def test_config_flag_reaches_warmup_and_launch(monkeypatch):
+    built = []
+
+    def fake_get_kernel(variant):
+        built.append(variant)
+        return lambda *args: None
+
+    monkeypatch.setattr(tilelang_kernels, "get_kernel", fake_get_kernel)
+    monkeypatch.setattr(tilelang_kernels, "_note_first_use", lambda v: None)
+    T = 2
+    q = torch.zeros(T, 64, 512, dtype=torch.bfloat16)
+    cache = torch.zeros(3, 256, 584, dtype=torch.uint8)
+    idx = torch.zeros(T, 640, dtype=torch.int32)
+    lens = torch.full((T,), 640, dtype=torch.int32)
+    lse = torch.zeros(T, 64)
+    args = (q, q.clone(), lse, cache, idx, lens, None, None, None, None, 1.0)
+
+    for on in (False, True):
+        with ab.grid_order(on):
+            decode = [v for v in tilelang_kernels.shipped_variants() if not v.bf16_rows]
+            prefill = [v for v in tilelang_kernels.shipped_variants() if v.bf16_rows]
+            assert decode and all(v.splits_fastest == on for v in decode)
+            assert prefill and not any(v.splits_fastest for v in prefill)
+            for heads in (8, 64):
+                tilelang_kernels.launch(*args, heads, 192, 1, lse, lse, None)
+    assert [(v.narrow, v.splits_fastest) for v in built] == [
+        (True, False),
+        (False, False),
+        (True, True),
+        (False, True),
+    ]
+    # grid_order leaves the shipped config as it found it: off
+    assert not any(v.splits_fastest for v in tilelang_kernels.shipped_variants())
+
+
+def _lowered(variant: DecodeVariant) -> tuple[str, str]:
+    """TileLang's host launch call and device source for sm_80, lowered without nvcc."""
+    tilelang = pytest.importorskip("tilelang")
+    import tvm
+    from tvm.target import Target
+
+    from deepinfer_sm80.tilelang_build import cuda_target
+
+    target = Target(cuda_target(80))
+    with tvm.transform.PassContext(config=variant.pass_configs()), target:
+        artifact = tilelang.lower(variant.build(), target=target)
+    (launch,) = [
+        line.strip()
+        for line in str(artifact.host_mod).splitlines()
+        if 'call_packed("kernel_kernel"' in line
+    ]
+    return launch, str(artifact.kernel_source)
+
+
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
+def test_generated_code_changes_only_when_on(narrow):
+    per_cta = 8 if narrow else 16
+    off_launch, off_source = _lowered(_variant(narrow, False))
+    on_launch, on_source = _lowered(_variant(narrow, True))
+    smem = _variant(narrow, False).smem_bytes()
+    blocks = f"(num_heads + {per_cta - 1}) // {per_cta}"
+    # grid (tokens, head blocks, 4 splits), then the block (256, 1, 1) and shared memory
+    assert off_launch.endswith(f", num_tokens, {blocks}, 4, 256, 1, 1, {smem})")
+    # one dimension: tokens x head blocks x splits (tokens never in y or z)
+    assert on_launch.endswith(f", num_tokens * ({blocks}) * 4, 256, 1, 1, {smem})")
+    off, on = _variant(narrow, False), _variant(narrow, True)
+    assert off_source.count(off.callee() + "(") == 1
+    assert on_source == off_source.replace(off.callee() + "(", on.callee() + "(")

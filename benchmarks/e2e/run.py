@@ -2,10 +2,11 @@
 
 Phases (each one command, well under ten minutes on an H200):
 
-``correctness``  six servers at once, sharing the GPU: stock eager, ours eager, stock eager
-                 on the perturbed checkpoint (negative control), stock eager with a
-                 2,048-token prefill chunk (a variation of the stock path), stock with CUDA
-                 graphs, ours with CUDA graphs. Every prompt is scored teacher-forced and
+``correctness``  two waves of servers sharing the GPU. First stock eager, ours eager and
+                 the negative controls (``CONTROLS``: perturbed checkpoints on the stock
+                 path, eager, probed one request at a time); then stock with CUDA graphs,
+                 ours with CUDA graphs, stock eager with a 2,048-token prefill chunk (a
+                 variation of the stock path). Every prompt is scored teacher-forced and
                  continued greedily, one request at a time and sixteen at once. Then the
                  other servers stop and the two CUDA-graph servers are timed one after the
                  other: TTFT at 8K and 32K tokens, decode tokens/s at concurrency 1 and 16.
@@ -14,6 +15,8 @@ Phases (each one command, well under ten minutes on an H200):
                  continuations (compared with the non-speculative ones of ``correctness``)
                  and the per-position acceptance from /metrics.
 ``report``       the verdicts from the saved records (CPU only).
+``controls``     the negative controls' checkpoints, one a line: folder, layer, relative
+                 change (what ``scripts/e2e-on-device checkpoints`` writes).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.e2e import agreement, probes
@@ -34,6 +38,40 @@ from benchmarks.e2e.servers import Server, ServerSpec
 from benchmarks.serving.metrics import Snapshot, spec_decode_delta
 
 START_DEADLINE_S = 480
+
+
+@dataclass(frozen=True)
+class Control:
+    """A negative control: the base checkpoint with one backbone layer's attention
+    ``wq_b``/``wo_b`` moved by ``rel`` (``smoke_model --perturb-layer --perturb-rel``),
+    served on the stock path, eager, and probed one request at a time, so that against
+    stock eager one request at a time it differs by the perturbation alone."""
+
+    label: str
+    layer: int
+    rel: float
+    checkpoint: str  # folder name beside the base checkpoint
+    port: int
+
+    @property
+    def server(self) -> str:
+        return f"control-L{self.layer}-{self.rel * 100:g}pct"
+
+    @property
+    def comparison(self) -> str:
+        return f"NEGATIVE CONTROL {self.label} attention vs stock (eager, batch 1)"
+
+
+# The resolving-power ladder, smallest change first. The first is the verdict's control:
+# a bound that lets it through cannot vouch for anything. Layer 39 is the last backbone
+# layer: no later layer damps its change (the residual branches are scaled 1/sqrt(2 x 40),
+# smoke_model/plan.py).
+CONTROLS = (
+    Control("L24 1%", 24, 0.01, "smoke-perturbed", 8103),
+    Control("L39 1%", 39, 0.01, "smoke-perturbed-L39-1pct", 8108),
+    Control("L24 10%", 24, 0.10, "smoke-perturbed-L24-10pct", 8109),
+)
+PRIMARY = CONTROLS[0]
 
 
 def log(msg: str) -> None:
@@ -148,14 +186,19 @@ BOTH = ("sequential", "concurrent")
 
 
 def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
-    """Two waves of three servers: six at once ran one out of GPU memory on an H200."""
+    """Two waves (all at once runs an H200 out of memory): the eager servers and the
+    controls, then the CUDA-graph servers and the chunked-prefill variation."""
     m, same = args.model, {"gpu_memory_utilization": args.util}
+    controls = [
+        (ServerSpec(c.server, "stock", str(args.controls_dir / c.checkpoint), c.port, **same),
+         ("sequential",))
+        for c in CONTROLS
+    ]  # fmt: skip
     return [
         [
             (ServerSpec("stock-eager", "stock", m, 8101, **same), BOTH),
             (ServerSpec("ours-eager", "ours", m, 8102, **same), BOTH),
-            (ServerSpec("stock-eager-perturbed", "stock", args.perturbed, 8103, **same),
-             ("concurrent",)),
+            *controls,
         ],
         [
             (ServerSpec("stock-graphs", "stock", m, 8105, eager=False, **same), BOTH),
@@ -262,7 +305,6 @@ def phase_speculative(args) -> dict:
 
 
 SEQ, CON = "sequential", "concurrent"
-NEGATIVE = "NEGATIVE CONTROL: 1% attention change vs stock (eager)"
 VARIATIONS = {
     "stock batch 1 vs 16 (eager)": ("stock-eager", SEQ, "stock-eager", CON),
     "stock batch 1 vs 16 (graphs)": ("stock-graphs", SEQ, "stock-graphs", CON),
@@ -275,7 +317,7 @@ COMPARISONS = {
     "ours vs stock, CUDA graphs, batch 16": ("ours-graphs", CON, "stock-graphs", CON),
     "ours vs stock, CUDA graphs, batch 1": ("ours-graphs", SEQ, "stock-graphs", SEQ),
     "ours batch 1 vs 16 (eager)": ("ours-eager", SEQ, "ours-eager", CON),
-    NEGATIVE: ("stock-eager-perturbed", CON, "stock-eager", CON),
+    **{c.comparison: (c.server, SEQ, "stock-eager", SEQ) for c in CONTROLS},
 }  # fmt: skip
 OURS = [name for name in COMPARISONS if name.startswith("ours vs stock")]
 
@@ -329,38 +371,74 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
     return out
 
 
+def resolving_power(comparisons: dict) -> str:
+    """Which controls the bound flags, e.g. ``flags L24 10%, L39 1%; not L24 1%``."""
+    groups: dict[str, list[str]] = {"flags": [], "not": [], "not measured": []}
+    for c in CONTROLS:
+        v = comparisons.get(c.comparison, {"missing": True})
+        key = "not measured" if v.get("missing") else "not" if v["within"] else "flags"
+        groups[key].append(c.label)
+    return "; ".join(f"{k} {', '.join(v)}" for k, v in groups.items() if v)
+
+
 def overall_verdict(comparisons: dict) -> dict:
     """PASS only when every ours-vs-stock comparison ran and is within the bound AND the
-    negative control ran and is outside it: a bound that lets a 1% change in one attention
-    layer through cannot vouch for anything."""
-    missing = [n for n in [*OURS, NEGATIVE] if comparisons.get(n, {"missing": True}).get("missing")]
+    first control (1% in layer 24's attention) ran and is outside it: a bound that lets
+    that through cannot vouch for anything. The other controls tell how far off it is."""
+    power = resolving_power(comparisons)
+    primary = PRIMARY.comparison
+    missing = [n for n in [*OURS, primary] if comparisons.get(n, {"missing": True}).get("missing")]
     if missing:
-        return {"result": "NO VERDICT", "why": f"not measured: {missing}"}
-    if comparisons[NEGATIVE]["within"]:
+        return {"result": "NO VERDICT", "why": f"not measured: {missing}", "resolving_power": power}
+    if comparisons[primary]["within"]:
+        flagged = [
+            c.label
+            for c in CONTROLS[1:]
+            if not comparisons.get(c.comparison, {"missing": True}).get("within", True)
+        ]
+        smallest = f"the smallest control it flags is {flagged[0]}" if flagged else (
+            "it flags none of the controls"
+        )  # fmt: skip
         return {
             "result": "NO VERDICT",
-            "why": "the negative control is within the bound: the stock path's own variation "
-            "is too large for this comparison to detect a 1% change in one attention layer",
+            "why": f"the {PRIMARY.label} control is within the bound: the stock path's own "
+            f"variation is too large for this comparison to detect a {PRIMARY.rel:.0%} change "
+            f"in layer {PRIMARY.layer}'s attention; {smallest}",
+            "resolving_power": power,
         }
     failed = [n for n in OURS if not comparisons[n]["within"]]
     if failed:
-        return {"result": "FAIL", "why": f"outside the bound: {failed}"}
-    return {"result": "PASS", "why": "ours within the bound everywhere; the control is flagged"}
+        return {"result": "FAIL", "why": f"outside the bound: {failed}", "resolving_power": power}
+    return {
+        "result": "PASS",
+        "why": f"ours within the bound everywhere; the {PRIMARY.label} control is flagged",
+        "resolving_power": power,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("phase", choices=["correctness", "speculative", "report"])
+    p.add_argument("phase", choices=["correctness", "speculative", "report", "controls"])
     p.add_argument("--model", help="the smoke checkpoint folder")
-    p.add_argument("--perturbed", help="the same checkpoint with one attention layer changed")
-    p.add_argument("--out", type=Path, required=True, help="folder for logs and records")
+    p.add_argument(
+        "--controls-dir",
+        type=Path,
+        help="folder holding the controls' checkpoints (default: the model's parent)",
+    )
+    p.add_argument("--out", type=Path, help="folder for logs and records")
     p.add_argument("--util", type=float, default=0.15, help="GPU memory share per server")
     p.add_argument("--max-len", type=int, default=None, help="leave out longer prompts")
     p.add_argument("--no-throughput", dest="throughput", action="store_false")
     p.add_argument("--stagger-s", type=float, default=3.0, help="pause between server starts")
     p.add_argument("--factor", type=float, default=agreement.DEFAULT_FACTOR)
     args = p.parse_args(argv)
+    if args.phase == "controls":
+        for c in CONTROLS:
+            print(c.checkpoint, c.layer, c.rel)
+        return 0
+    if args.out is None:
+        p.error(f"--out is required for {args.phase}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase == "report":
         corr = json.loads((args.out / "correctness.json").read_text())
@@ -380,10 +458,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{s['greedy_equal_prompts']}/{s['prompts']})"
             )
         print(f"bound: {rep['bound']['max_abs']:.4g} max, {rep['bound']['mean_abs']:.4g} mean")
+        print(f"resolving power: {rep['verdict']['resolving_power']}")
         print(f"verdict: {rep['verdict']['result']} ({rep['verdict']['why']})")
         return 0 if rep["verdict"]["result"] == "PASS" else 1
-    if not args.model or (args.phase == "correctness" and not args.perturbed):
-        p.error("--model (and --perturbed for correctness) are required")
+    if not args.model:
+        p.error("--model is required")
+    if args.phase == "correctness":
+        args.controls_dir = args.controls_dir or Path(args.model).resolve().parent
+        absent = [c.checkpoint for c in CONTROLS if not (args.controls_dir / c.checkpoint).is_dir()]
+        if absent:
+            p.error(f"control checkpoints missing in {args.controls_dir}: {absent}")
     fn = phase_correctness if args.phase == "correctness" else phase_speculative
     result = fn(args)
     (args.out / f"{args.phase}.json").write_text(json.dumps(result))

@@ -1,8 +1,9 @@
 """A stand-in for ``vllm serve`` speaking the slice of the OpenAI API that benchmarks/e2e uses.
 
 Logprobs are a deterministic function of the token ids; ``DEEPINFER_FORCE=1`` (our path)
-adds noise of 1e-4 and a checkpoint folder whose name contains "perturbed" adds 5%, so
-the orchestrator's verdicts can be checked without a GPU. ``--speculative-config`` makes
+adds noise of 1e-4 and a checkpoint whose config.json has ``fake_logprob_scale`` scales
+the logprobs by it (a perturbed checkpoint), so the orchestrator's verdicts can be checked
+without a GPU. ``--speculative-config`` makes
 /metrics report drafts.
 """
 
@@ -108,7 +109,8 @@ def main(argv: list[str]) -> None:
     srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     srv.name = name
     srv.noise = 1e-4 if os.environ.get("DEEPINFER_FORCE") == "1" else 0.0
-    srv.scale = 1.05 if "perturbed" in model else 1.0
+    with open(os.path.join(model, "config.json")) as f:
+        srv.scale = json.load(f).get("fake_logprob_scale", 1.0)
     srv.speculative = "--speculative-config" in argv
     srv.drafts = 0
     assert math.isfinite(srv.noise)

@@ -206,28 +206,42 @@ def test_servers_render_the_launchers_command_with_the_mode():
         ServerSpec("s", "other", "/ckpt", 1)
 
 
-def test_report_flags_the_negative_control_and_passes_a_close_candidate(base):
-    from benchmarks.e2e.run import report
+def _ladder(base, scales: dict[str, float]) -> dict:
+    """Each control one request at a time, its logprobs scaled (1.05 unless named)."""
+    from benchmarks.e2e.run import CONTROLS
 
+    def scaled(k):
+        return {n: [x * k for x in v] for n, v in base.items()}
+
+    return {c.server: {"sequential": _run(scaled(scales.get(c.label, 1.05)))} for c in CONTROLS}
+
+
+def _close_record(base, scales=None) -> dict:
     def runs(lps):
         return {"sequential": _run(lps), "concurrent": _run(lps)}
 
-    corr = {
+    return {
         "runs": {
             "stock-eager": {"sequential": _run(base), "concurrent": _run(_noisy(base, 0.01, 1))},
             "stock-graphs": runs(_noisy(base, 0.01, 2)),
             "stock-eager-chunk2048": runs(_noisy(base, 0.01, 3)),
             "ours-eager": runs(_noisy(base, 0.01, 4)),
             "ours-graphs": runs(_noisy(base, 0.01, 5)),
-            "stock-eager-perturbed": runs({n: [x * 1.05 for x in v] for n, v in base.items()}),
+            **_ladder(base, scales or {}),
         }
     }
-    rep = report(corr, None, factor=2.0)
+
+
+def test_report_flags_the_negative_control_and_passes_a_close_candidate(base):
+    from benchmarks.e2e.run import CONTROLS, report
+
+    rep = report(_close_record(base), None, factor=2.0)
     comps = rep["comparisons"]
     assert comps["ours vs stock, eager, batch 16"]["within"]
     assert comps["ours vs stock, CUDA graphs, batch 1"]["within"]
-    assert not comps["NEGATIVE CONTROL: 1% attention change vs stock (eager)"]["within"]
+    assert not any(comps[c.comparison]["within"] for c in CONTROLS)
     assert rep["verdict"]["result"] == "PASS"
+    assert rep["verdict"]["resolving_power"] == "flags L24 1%, L39 1%, L24 10%"
     assert set(rep["bound"]["sources"]) == {
         "stock batch 1 vs 16 (eager)",
         "stock batch 1 vs 16 (graphs)",
@@ -236,8 +250,55 @@ def test_report_flags_the_negative_control_and_passes_a_close_candidate(base):
     }
 
 
-def test_no_verdict_without_a_flagged_negative_control_or_with_a_missing_run(base):
+@pytest.mark.parametrize(
+    ("scales", "power", "smallest"),
+    [
+        ({"L24 1%": 1}, "flags L39 1%, L24 10%; not L24 1%", "it flags is L39 1%"),
+        ({"L24 1%": 1, "L39 1%": 1}, "flags L24 10%; not L24 1%, L39 1%", "it flags is L24 10%"),
+        ({"L24 1%": 1, "L39 1%": 1, "L24 10%": 1}, "not L24 1%, L39 1%, L24 10%",
+         "flags none of the controls"),
+    ],
+)  # fmt: skip
+def test_the_ladder_names_what_the_bound_resolves(base, scales, power, smallest):
     from benchmarks.e2e.run import report
+
+    v = report(_close_record(base, scales), None, factor=2.0)["verdict"]
+    assert v["result"] == "NO VERDICT"
+    assert v["resolving_power"] == power
+    assert "L24 1% control is within the bound" in v["why"] and smallest in v["why"]
+
+
+@pytest.mark.parametrize("mutant", [_scaled, _shifted_row, _one_prompt_wrong, _one_nan])
+def test_a_mutant_candidate_is_never_passed(base, mutant):
+    from benchmarks.e2e.run import report
+
+    corr = _close_record(base)
+    corr["runs"]["ours-graphs"] = {"sequential": _run(mutant(base)), "concurrent": _run(base)}
+    assert report(corr, None, factor=2.0)["verdict"]["result"] == "FAIL"
+    corr["runs"].update(_ladder(base, {"L24 1%": 1.0}))  # the bound cannot resolve the control
+    assert report(corr, None, factor=2.0)["verdict"]["result"] == "NO VERDICT"
+
+
+def test_a_record_without_the_ladder_reports_not_measured(base, tmp_path):
+    """A correctness.json with only the concurrent-probed 1% control of an older layout."""
+    from benchmarks.e2e.run import CONTROLS, main
+
+    corr = _close_record(base)
+    for c in CONTROLS:
+        del corr["runs"][c.server]
+    corr["runs"]["stock-eager-perturbed"] = {"concurrent": _run(_scaled(base))}
+    out = tmp_path
+    (out / "correctness.json").write_text(json.dumps(corr))
+    assert main(["report", "--out", str(out)]) == 1
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["verdict"]["result"] == "NO VERDICT"
+    assert "not measured" in rep["verdict"]["why"]
+    assert rep["verdict"]["resolving_power"] == "not measured L24 1%, L39 1%, L24 10%"
+    assert all(rep["comparisons"][c.comparison] == {"missing": True} for c in CONTROLS)
+
+
+def test_no_verdict_without_a_flagged_negative_control_or_with_a_missing_run(base):
+    from benchmarks.e2e.run import CONTROLS, report
 
     noisy = {k: _noisy(base, 0.5, i) for i, k in enumerate(("a", "b", "c", "d", "e"))}
     corr = {
@@ -247,13 +308,13 @@ def test_no_verdict_without_a_flagged_negative_control_or_with_a_missing_run(bas
             "ours-eager": {"sequential": _run(noisy["c"]), "concurrent": _run(noisy["d"])},
             "ours-graphs": {"sequential": _run(noisy["e"]), "concurrent": _run(base)},
             # a 1% change hides inside a chaotic model's own variation
-            "stock-eager-perturbed": {"concurrent": _run(_noisy(base, 0.5, 9))},
+            **_ladder(_noisy(base, 0.5, 9), {}),
         }
     }
     rep = report(corr, None, factor=2.0)
     assert rep["verdict"]["result"] == "NO VERDICT"
-    assert "negative control is within the bound" in rep["verdict"]["why"]
-    del corr["runs"]["stock-eager-perturbed"]
+    assert "L24 1% control is within the bound" in rep["verdict"]["why"]
+    del corr["runs"][CONTROLS[0].server]
     rep = report(corr, None, factor=2.0)
     assert rep["verdict"]["result"] == "NO VERDICT" and "not measured" in rep["verdict"]["why"]
 
@@ -270,7 +331,7 @@ def test_a_candidate_outside_the_bound_fails(base):
             "stock-graphs": same(base),
             "ours-eager": same(_scaled(base)),
             "ours-graphs": same(base),
-            "stock-eager-perturbed": {"concurrent": _run(_one_prompt_wrong(base))},
+            **_ladder(base, {}),
         }
     }
     rep = report(corr, None, factor=2.0)

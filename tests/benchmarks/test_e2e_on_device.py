@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +51,31 @@ def test_tests_runs_the_gpu_tier_with_the_stack_on_pythonpath_detached(tmp_path)
     # The unpacked stack first, then the overlay, the checkout and the plugin's dist-info.
     site = tmp_path / "home" / "site"
     assert f"pythonpath: {site}:{ROOT / 'overlay'}:{ROOT}:{tmp_path / 'home' / 'meta'}" in log
+
+
+def test_checkpoints_writes_the_base_and_every_control_from_the_one_table(tmp_path):
+    from benchmarks.e2e.run import CONTROLS
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    # python3: the real one for the controls' listing, a recorder for smoke_model.
+    (fake / "python3").write_text(
+        f'#!/bin/sh\nif [ "$2" = benchmarks.e2e ]; then exec {sys.executable} "$@"; fi\n'
+        f'echo "$*" >> {calls}; mkdir -p "$3"\n'
+    )
+    (fake / "python3").chmod(0o755)
+    run = _run(tmp_path, "checkpoints", path_prefix=str(fake))
+    assert run.returncode == 0, run.stderr
+    home = tmp_path / "home"
+    want = [f"-m deepinfer_sm80.smoke_model {home}/smoke --seed 0"] + [
+        f"-m deepinfer_sm80.smoke_model {home}/{c.checkpoint} --seed 0 "
+        f"--perturb-layer {c.layer} --perturb-rel {c.rel}"
+        for c in CONTROLS
+    ]
+    assert calls.read_text().splitlines() == want
+    assert CONTROLS[0].checkpoint == "smoke-perturbed"  # the verdict's control keeps its folder
+    assert {(c.layer, c.rel) for c in CONTROLS} == {(24, 0.01), (24, 0.1), (39, 0.01)}
 
 
 def test_unknown_commands_are_refused(tmp_path):

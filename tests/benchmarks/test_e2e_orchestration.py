@@ -2,8 +2,8 @@
 
 Real ``vllm serve`` processes need a GPU; the stand-ins speak the same API, so the
 orchestration (launcher rendering, server lifecycle, probes, `deepinfer launch` and
-`deepinfer health --ready`, /metrics, the report) is checked here, including that a
-perturbed checkpoint is flagged.
+`deepinfer health --ready`, /metrics, the report) is checked here, including which
+perturbed checkpoints (the controls' ladder) are flagged.
 """
 
 import json
@@ -15,13 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.e2e.run import CONTROLS
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_BIN = Path(__file__).parent / "fake_bin"
 
 
-def _checkpoint(d: Path) -> str:
+def _checkpoint(d: Path, scale: float = 1.0) -> str:
+    """A folder the stand-in serves; ``scale`` multiplies its logprobs (a perturbation)."""
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"vocab_size": 512}))
+    (d / "config.json").write_text(json.dumps({"vocab_size": 512, "fake_logprob_scale": scale}))
     vocab = {f"b{i}": i for i in range(512)}
     added = [{"id": i} for i in range(256, 512)]
     (d / "tokenizer.json").write_text(
@@ -44,17 +47,28 @@ def _run(*args, out: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+def _controls(root: Path, scales: dict[str, float]) -> None:
+    """Each control's checkpoint beside the base one, with its stand-in perturbation."""
+    for c in CONTROLS:
+        _checkpoint(root / c.checkpoint, scales.get(c.label, 1.05))
+
+
 def test_phases_and_report_against_stand_in_servers(tmp_path):
     model = _checkpoint(tmp_path / "smoke")
-    perturbed = _checkpoint(tmp_path / "smoke-perturbed")
+    _controls(tmp_path, {})
     out = tmp_path / "out"
     common = ["--model", model, "--max-len", "300", "--stagger-s", "0"]
-    r = _run("correctness", *common, "--perturbed", perturbed, out=out)
+    r = _run("correctness", *common, out=out)
     assert r.returncode == 0, r.stdout + r.stderr
     corr = json.loads((out / "correctness.json").read_text())
     assert all("ready_s" in s for s in corr["servers"].values()), corr["servers"]
     assert "--enforce-eager" in corr["servers"]["stock-eager"]["argv"]
     assert "--enforce-eager" not in corr["servers"]["ours-graphs"]["argv"]
+    for c in CONTROLS:  # stock, eager, its own checkpoint, one request at a time only
+        argv = corr["servers"][c.server]["argv"]
+        assert argv[2] == str(tmp_path / c.checkpoint) and "--enforce-eager" in argv
+        assert "--kv-cache-memory-bytes" in argv
+        assert set(corr["runs"][c.server]) == {"sequential"}
     assert set(corr["throughput"]) == {"stock-graphs", "ours-graphs"}
     assert corr["throughput"]["ours-graphs"]["decode_c16"]["aggregate_tok_s"] > 0
     r = _run("speculative", *common, out=out)
@@ -67,18 +81,41 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     rep = json.loads((out / "report.json").read_text())
     comps = rep["comparisons"]
     assert comps["ours vs stock, CUDA graphs, batch 16"]["within"]
-    assert not comps["NEGATIVE CONTROL: 1% attention change vs stock (eager)"]["within"]
+    assert not any(comps[c.comparison]["within"] for c in CONTROLS)
+    assert rep["verdict"]["result"] == "PASS"
+    assert "resolving power: flags L24 1%, L39 1%, L24 10%\n" in r.stdout
     eq = rep["speculative"]["ours-spec-launch greedy vs ours-graphs greedy"]
     assert eq["equal_prompts"] == eq["prompts"] > 0
     assert "OUTSIDE" in r.stdout and "WITHIN" in r.stdout
 
 
+def test_a_ladder_whose_smallest_control_hides_is_no_verdict(tmp_path):
+    model = _checkpoint(tmp_path / "smoke")
+    _controls(tmp_path, {"L24 1%": 1.0, "L39 1%": 1.0})  # invisible; L24 10% is not
+    out = tmp_path / "out"
+    r = _run("correctness", "--model", model, "--max-len", "100", "--stagger-s", "0",
+             "--no-throughput", out=out)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _run("report", out=out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "resolving power: flags L24 10%; not L24 1%, L39 1%\n" in r.stdout
+    assert "verdict: NO VERDICT" in r.stdout and "smallest control it flags is L24 10%" in r.stdout
+
+
+def test_correctness_refuses_missing_control_checkpoints(tmp_path):
+    model = _checkpoint(tmp_path / "smoke")
+    r = _run("correctness", "--model", model, out=tmp_path / "out")
+    assert r.returncode == 2
+    assert "control checkpoints missing" in r.stderr and "smoke-perturbed" in r.stderr
+
+
 def test_a_server_that_dies_is_reported_not_fatal(tmp_path, monkeypatch):
     model = _checkpoint(tmp_path / "smoke")
+    _controls(tmp_path, {})
     out = tmp_path / "out"
     monkeypatch.setenv("FAKE_VLLM_EXIT", "stock-eager-chunk2048")
-    r = _run("correctness", "--model", model, "--perturbed", model, "--max-len", "100",
-             "--stagger-s", "0", "--no-throughput", out=out)  # fmt: skip
+    r = _run("correctness", "--model", model, "--max-len", "100", "--stagger-s", "0",
+             "--no-throughput", out=out)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     corr = json.loads((out / "correctness.json").read_text())
     assert "exited with 3" in corr["servers"]["stock-eager-chunk2048"]["error"]

@@ -33,20 +33,26 @@ def checkpoints(tmp_path_factory):
     except ImportError as exc:
         pytest.fail(f"the e2e tier needs vLLM 0.33.0 importable: {exc}")
     assert vllm.__version__ == "0.33.0", vllm.__version__
+    from benchmarks.e2e.run import CONTROLS
+
     root = tmp_path_factory.mktemp("smoke")
-    model, perturbed = root / "smoke", root / "smoke-perturbed"
-    for args in ([str(model)], [str(perturbed), "--perturb-layer", "24", "--perturb-rel", "0.01"]):
+    model = root / "smoke"  # the controls' checkpoints beside it, where correctness looks
+    writes = [[str(model)]] + [
+        [str(root / c.checkpoint), "--perturb-layer", str(c.layer), "--perturb-rel", str(c.rel)]
+        for c in CONTROLS
+    ]
+    for args in writes:
         r = _run("-m", "deepinfer_sm80.smoke_model", *args, "--seed", "0", timeout=900)
         assert r.returncode == 0, r.stdout + r.stderr
-    return model, perturbed
+    return model
 
 
 def test_ours_agrees_with_stock_and_the_control_is_flagged(checkpoints, tmp_path):
-    model, perturbed = checkpoints
+    model = checkpoints
     out = tmp_path / "out"
     for phase in ("correctness", "speculative"):
-        r = _run("-m", "benchmarks.e2e", phase, "--model", str(model), "--perturbed",
-                 str(perturbed), "--out", str(out), timeout=1800)  # fmt: skip
+        r = _run("-m", "benchmarks.e2e", phase, "--model", str(model), "--out", str(out),
+                 timeout=1800)  # fmt: skip
         assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     r = _run("-m", "benchmarks.e2e", "report", "--out", str(out), timeout=600)
     rep = json.loads((out / "report.json").read_text())

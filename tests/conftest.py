@@ -5,7 +5,8 @@ under Triton's interpreter on CPU tensors: ``TRITON_INTERPRET=1`` and
 ``CUDA_VISIBLE_DEVICES=`` (set, empty, which also lets vLLM's Triton kernels run as
 oracles) must be in place before Triton is imported, hence at the top of this file.
 ``make test-gpu`` sets ``DEEPINFER_TEST_DEVICE=cuda``: kernels compile for the GPU and
-the ``gpu``-marked full-size cases run.
+the ``gpu``-marked full-size cases run, with every test that takes the ``device`` fixture;
+the rest belong to the CPU tiers and are deselected there (the tiers summary counts them).
 
 Required tiers (``tools/tiers.py``): under ``DEEPINFER_REQUIRE_VLLM=1``
 a skipped ``vllm`` test, and under ``DEEPINFER_REQUIRE_TOOLS=1`` a skipped ``tools`` test,
@@ -41,11 +42,30 @@ def device() -> torch.device:
     return torch.device("cuda" if ON_GPU else "cpu")
 
 
+def runs_on_the_device(item) -> bool:
+    """A test the GPU tier runs: ``gpu``-marked, or taking the ``device`` fixture. Every
+    other test belongs to the CPU tiers: it builds CPU tensors for the Triton interpreter
+    (vLLM's Triton kernels as oracles among them) or needs nothing of a GPU, and ``make
+    test`` runs it."""
+    return "gpu" in item.keywords or "device" in getattr(item, "fixturenames", ())
+
+
+_left_to_the_cpu_tiers: list[str] = []
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="full-size case: needs DEEPINFER_TEST_DEVICE=cuda")
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
             item.add_marker(skip_gpu)
+    if ON_GPU:
+        # On the GPU, TRITON_INTERPRET is off, so a CPU-tier test that hands CPU tensors
+        # to a Triton kernel fails for a reason that says nothing about the kernels.
+        cpu_only = [item for item in items if not runs_on_the_device(item)]
+        if cpu_only:
+            _left_to_the_cpu_tiers.extend(item.nodeid for item in cpu_only)
+            config.hook.pytest_deselected(items=cpu_only)
+            items[:] = [item for item in items if runs_on_the_device(item)]
 
 
 # ------------------------------------------------------------------ required tiers
@@ -90,6 +110,11 @@ def pytest_terminal_summary(terminalreporter):
         f"device: {'cuda' if ON_GPU else 'cpu (Triton interpreter)'}; required: "
         f"{', '.join(required) or 'none'}"
     )
+    if _left_to_the_cpu_tiers:
+        terminalreporter.write_line(
+            f"  left to the CPU tiers (make test): {len(_left_to_the_cpu_tiers)} tests that "
+            "neither are gpu-marked nor take the device fixture"
+        )
     for tier in (*TIER_MARKERS, "plain"):
         if tier in counts:
             c = counts[tier]

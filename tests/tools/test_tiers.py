@@ -107,3 +107,46 @@ def test_x():
     result.stdout.fnmatch_lines(
         ["*vllm_no_such_module cannot be imported and DEEPINFER_REQUIRE_VLLM=1 requires it*"]
     )
+
+
+DEVICE_SUITE = """
+import pytest
+
+def test_builds_cpu_tensors():
+    pass
+
+def test_takes_the_device(device):
+    assert device.type == "cuda"
+
+@pytest.mark.gpu
+def test_full_size():
+    pass
+"""
+
+
+def test_on_the_gpu_the_cpu_tier_tests_are_left_out_and_counted(pytester, monkeypatch):
+    """With DEEPINFER_TEST_DEVICE=cuda the interpreter is off: a test that neither is
+    gpu-marked nor takes ``device`` would hand CPU tensors to a Triton kernel, so the GPU
+    tier leaves it to ``make test`` and says how many it left."""
+    import torch
+
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini(MARKERS)
+    pytester.makepyfile(test_suite=DEVICE_SUITE)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no GPU is touched
+    for flag in ("DEEPINFER_REQUIRE_VLLM", "DEEPINFER_REQUIRE_TOOLS", "DEEPINFER_AMPERE_PTX"):
+        monkeypatch.delenv(flag, raising=False)
+    monkeypatch.setenv("DEEPINFER_TEST_DEVICE", "cuda")
+    result = pytester.runpytest_inprocess("-rA")
+    result.assert_outcomes(passed=2, deselected=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*device: cuda*",
+            "*left to the CPU tiers (make test): 1 tests that neither are gpu-marked nor take"
+            " the device fixture",
+            "PASSED test_suite.py::test_takes_the_device",
+            "PASSED test_suite.py::test_full_size",
+        ]
+    )
+    monkeypatch.setenv("DEEPINFER_TEST_DEVICE", "cpu")
+    pytester.runpytest_inprocess().assert_outcomes(passed=1, skipped=1, failed=1)

@@ -1,15 +1,16 @@
 """The end-to-end comparison on one GPU: stock vLLM 0.33.0 against the overlay's path.
 
-Phases (each one command, well under ten minutes on an H200):
+Phases (``scripts/e2e-on-device start PHASE`` runs one detached):
 
-``correctness``  two waves of servers sharing the GPU. First stock eager, ours eager and
-                 the negative controls (``CONTROLS``: perturbed checkpoints on the stock
-                 path, eager, probed one request at a time); then stock with CUDA graphs,
-                 ours with CUDA graphs, stock eager with a 2,048-token prefill chunk (a
-                 variation of the stock path). Every prompt is scored teacher-forced and
-                 continued greedily, one request at a time and sixteen at once. Then the
-                 other servers stop and the two CUDA-graph servers are timed one after the
-                 other: TTFT at 8K and 32K tokens, decode tokens/s at concurrency 1 and 16.
+``correctness``  two waves of at most four servers sharing the GPU. First stock eager, ours
+                 eager and the first negative controls (``CONTROLS``: perturbed checkpoints
+                 on the stock path, eager, probed one request at a time); then stock with
+                 CUDA graphs, ours with CUDA graphs, stock eager with a 2,048-token prefill
+                 chunk (a variation of the stock path) and the other controls. Every prompt
+                 is scored teacher-forced and continued greedily, one request at a time and
+                 sixteen at once. Then the other servers stop and the two CUDA-graph
+                 servers are timed one after the other: TTFT at 8K and 32K tokens,
+                 decode tokens/s at concurrency 1 and 16.
 ``speculative``  ours started by ``deepinfer launch smoke`` itself (DSpark K=5, CUDA graphs)
                  and checked with ``deepinfer health --ready``; stock with DSpark K=5. Greedy
                  continuations (compared with the non-speculative ones of ``correctness``)
@@ -185,28 +186,40 @@ def throughput(s: Server, prompts: dict) -> dict:
 BOTH = ("sequential", "concurrent")
 
 
+# Servers sharing the GPU at once. Each holds the 6.6 GB checkpoint, its 6 GiB KV pool and
+# its activations and CUDA context (about 17 GB in all), so four fit an 80 GB H100.
+SERVERS_PER_WAVE = 4
+
+
 def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
-    """Two waves (all at once runs an H200 out of memory): the eager servers and the
-    controls, then the CUDA-graph servers and the chunked-prefill variation."""
+    """Two waves of at most SERVERS_PER_WAVE servers: the eager servers, then the
+    CUDA-graph servers and the chunked-prefill variation; the controls fill the places
+    left, first wave first (each is compared with stock eager one request at a time,
+    whose greedy, batch-1 record does not depend on which wave it ran in)."""
     m, same = args.model, {"gpu_memory_utilization": args.util}
     controls = [
         (ServerSpec(c.server, "stock", str(args.controls_dir / c.checkpoint), c.port, **same),
          ("sequential",))
         for c in CONTROLS
     ]  # fmt: skip
-    return [
-        [
-            (ServerSpec("stock-eager", "stock", m, 8101, **same), BOTH),
-            (ServerSpec("ours-eager", "ours", m, 8102, **same), BOTH),
-            *controls,
-        ],
-        [
-            (ServerSpec("stock-graphs", "stock", m, 8105, eager=False, **same), BOTH),
-            (ServerSpec("ours-graphs", "ours", m, 8106, eager=False, **same), BOTH),
-            (ServerSpec("stock-eager-chunk2048", "stock", m, 8104, max_num_batched_tokens=2048,
-                        **same), ("concurrent",)),
-        ],
+    eager = [
+        (ServerSpec("stock-eager", "stock", m, 8101, **same), BOTH),
+        (ServerSpec("ours-eager", "ours", m, 8102, **same), BOTH),
+    ]
+    graphs = [
+        (ServerSpec("stock-graphs", "stock", m, 8105, eager=False, **same), BOTH),
+        (ServerSpec("ours-graphs", "ours", m, 8106, eager=False, **same), BOTH),
+        (ServerSpec("stock-eager-chunk2048", "stock", m, 8104, max_num_batched_tokens=2048,
+                    **same), ("concurrent",)),
     ]  # fmt: skip
+    room = SERVERS_PER_WAVE - len(eager)
+    waves = [eager + controls[:room], graphs + controls[room:]]
+    if max(map(len, waves)) > SERVERS_PER_WAVE:
+        raise ValueError(
+            f"{len(CONTROLS)} controls do not fit two waves of {SERVERS_PER_WAVE} servers: "
+            "shorten CONTROLS or add a wave"
+        )
+    return waves
 
 
 def run_wave(args, wave, prompts: dict, result: dict, servers: list[Server]) -> list[Server]:

@@ -6,6 +6,7 @@ orchestration (launcher rendering, server lifecycle, probes, `deepinfer launch` 
 perturbed checkpoints (the controls' ladder) are flagged.
 """
 
+import argparse
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.e2e import run
 from benchmarks.e2e.run import CONTROLS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,3 +124,15 @@ def test_a_server_that_dies_is_reported_not_fatal(tmp_path, monkeypatch):
     assert "ready_s" in corr["servers"]["stock-eager"]
     with pytest.raises(KeyError):
         corr["runs"]["stock-eager-chunk2048"]
+
+
+def test_no_wave_holds_more_servers_than_fit_an_80_gb_gpu(tmp_path):
+    """Every server and every control is in a wave, none twice, and no wave has more than
+    SERVERS_PER_WAVE servers."""
+    args = argparse.Namespace(model=str(tmp_path), util=0.15, controls_dir=tmp_path)
+    waves = run.correctness_waves(args)
+    names = [spec.name for wave in waves for spec, _ in wave]
+    assert max(len(w) for w in waves) <= run.SERVERS_PER_WAVE == 4
+    assert len(names) == len(set(names))
+    assert {c.server for c in CONTROLS} | {"stock-eager", "ours-eager", "ours-graphs"} <= set(names)
+    assert [spec.name for spec, _ in waves[0]][:2] == ["stock-eager", "ours-eager"]

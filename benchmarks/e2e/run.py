@@ -187,7 +187,8 @@ BOTH = ("sequential", "concurrent")
 
 
 # Servers sharing the GPU at once. Each holds the 6.6 GB checkpoint, its 6 GiB KV pool and
-# its activations and CUDA context (about 17 GB in all), so four fit an 80 GB H100.
+# its activations and CUDA context: about 17 GB by that sum (an estimate, not a reading),
+# so four should fit an 80 GB H100.
 SERVERS_PER_WAVE = 4
 
 

@@ -190,18 +190,22 @@ BOTH = ("sequential", "concurrent")
 # its activations and CUDA context: about 17 GB by that sum (an estimate, not a reading),
 # so four should fit an 80 GB H100.
 SERVERS_PER_WAVE = 4
+WAVES = ("eager", "graphs")  # correctness's waves, by name (--waves)
 
 
 def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
     """Two waves of at most SERVERS_PER_WAVE servers: the eager servers, then the
     CUDA-graph servers and the chunked-prefill variation; the controls fill the places
     left, first wave first (each is compared with stock eager one request at a time,
-    whose greedy, batch-1 record does not depend on which wave it ran in)."""
+    whose greedy, batch-1 record does not depend on which wave it ran in). Only the
+    waves named in ``args.waves``; without the eager wave, no controls (nothing to
+    compare them with)."""
     m, same = args.model, {"gpu_memory_utilization": args.util}
     controls = [
         (ServerSpec(c.server, "stock", str(args.controls_dir / c.checkpoint), c.port, **same),
          ("sequential",))
         for c in CONTROLS
+        if "eager" in args.waves
     ]  # fmt: skip
     eager = [
         (ServerSpec("stock-eager", "stock", m, 8101, **same), BOTH),
@@ -214,13 +218,13 @@ def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
                     **same), ("concurrent",)),
     ]  # fmt: skip
     room = SERVERS_PER_WAVE - len(eager)
-    waves = [eager + controls[:room], graphs + controls[room:]]
-    if max(map(len, waves)) > SERVERS_PER_WAVE:
+    waves = {"eager": eager + controls[:room], "graphs": graphs + controls[room:]}
+    if max(map(len, waves.values())) > SERVERS_PER_WAVE:
         raise ValueError(
             f"{len(CONTROLS)} controls do not fit two waves of {SERVERS_PER_WAVE} servers: "
             "shorten CONTROLS or add a wave"
         )
-    return waves
+    return [waves[name] for name in WAVES if name in args.waves]
 
 
 def run_wave(args, wave, prompts: dict, result: dict, servers: list[Server]) -> list[Server]:
@@ -250,16 +254,17 @@ def phase_correctness(args) -> dict:
     log(f"{len(prompts)} prompts, {sum(map(len, prompts.values()))} tokens")
     result: dict = {"phase": "correctness", "environment": environment(), "runs": {},
                     "servers": {}, "throughput": {}}  # fmt: skip
-    first, second = correctness_waves(args)
-    servers: list[Server] = []
-    try:
-        run_wave(args, first, prompts, result, servers)
-    finally:
-        for s in servers:
-            s.stop()
+    *earlier, last = correctness_waves(args)
+    for wave in earlier:
+        servers: list[Server] = []
+        try:
+            run_wave(args, wave, prompts, result, servers)
+        finally:
+            for s in servers:
+                s.stop()
     servers = []
     try:
-        run_wave(args, second, prompts, result, servers)
+        run_wave(args, last, prompts, result, servers)
         timed = [s for s in servers if s.spec.name in ("stock-graphs", "ours-graphs")]
         for s in servers:
             if s not in timed:
@@ -442,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, help="folder for logs and records")
     p.add_argument("--util", type=float, default=0.15, help="GPU memory share per server")
+    p.add_argument(
+        "--waves", nargs="+", choices=WAVES, default=list(WAVES), help="correctness's waves to run"
+    )
     p.add_argument("--max-len", type=int, default=None, help="leave out longer prompts")
     p.add_argument("--no-throughput", dest="throughput", action="store_false")
     p.add_argument("--stagger-s", type=float, default=3.0, help="pause between server starts")

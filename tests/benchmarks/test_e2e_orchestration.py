@@ -129,10 +129,26 @@ def test_a_server_that_dies_is_reported_not_fatal(tmp_path, monkeypatch):
 def test_no_wave_holds_more_servers_than_fit_an_80_gb_gpu(tmp_path):
     """Every server and every control is in a wave, none twice, and no wave has more than
     SERVERS_PER_WAVE servers."""
-    args = argparse.Namespace(model=str(tmp_path), util=0.15, controls_dir=tmp_path)
+    args = argparse.Namespace(
+        model=str(tmp_path), util=0.15, controls_dir=tmp_path, waves=list(run.WAVES)
+    )
     waves = run.correctness_waves(args)
     names = [spec.name for wave in waves for spec, _ in wave]
     assert max(len(w) for w in waves) <= run.SERVERS_PER_WAVE == 4
     assert len(names) == len(set(names))
     assert {c.server for c in CONTROLS} | {"stock-eager", "ours-eager", "ours-graphs"} <= set(names)
     assert [spec.name for spec, _ in waves[0]][:2] == ["stock-eager", "ours-eager"]
+
+
+def test_waves_run_alone_and_the_graphs_wave_alone_has_no_controls(tmp_path):
+    """--waves graphs: the CUDA-graph servers and the chunked-prefill variation, no control
+    (the controls are compared with stock eager, which that run lacks); --waves eager: the
+    eager servers and the first controls."""
+
+    def names(*waves):
+        args = argparse.Namespace(model="m", util=0.15, controls_dir=tmp_path, waves=list(waves))
+        return [[spec.name for spec, _ in wave] for wave in run.correctness_waves(args)]
+
+    assert names("graphs") == [["stock-graphs", "ours-graphs", "stock-eager-chunk2048"]]
+    (eager,) = names("eager")
+    assert eager[:2] == ["stock-eager", "ours-eager"] and eager[2] == CONTROLS[0].server

@@ -78,6 +78,22 @@ def test_checkpoints_writes_the_base_and_every_control_from_the_one_table(tmp_pa
     assert {(c.layer, c.rel) for c in CONTROLS} == {(24, 0.01), (24, 0.1), (39, 0.01)}
 
 
+def test_checkpoints_base_writes_the_smoke_checkpoint_alone(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "python3").write_text(
+        f'#!/bin/sh\nif [ "$2" = benchmarks.e2e ]; then exec {sys.executable} "$@"; fi\n'
+        f'echo "$*" >> {calls}; mkdir -p "$3"\n'
+    )
+    (fake / "python3").chmod(0o755)
+    run = _run(tmp_path, "checkpoints", "base", path_prefix=str(fake))
+    assert run.returncode == 0, run.stderr
+    home = tmp_path / "home"
+    want = [f"-m deepinfer_sm80.smoke_model {home}/smoke --seed 0"]
+    assert calls.read_text().splitlines() == want
+
+
 def test_unknown_commands_are_refused(tmp_path):
     run = _run(tmp_path, "bogus")
     assert run.returncode == 2 and "unknown command bogus" in run.stderr

@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if rep["verdict"]["result"] == "PASS" else 1
     if not args.model:
         p.error("--model is required")
-    if args.phase == "correctness":
+    if args.phase == "correctness" and "eager" in args.waves:  # the controls run in that wave
         args.controls_dir = args.controls_dir or Path(args.model).resolve().parent
         absent = [c.checkpoint for c in CONTROLS if not (args.controls_dir / c.checkpoint).is_dir()]
         if absent:

@@ -152,3 +152,18 @@ def test_waves_run_alone_and_the_graphs_wave_alone_has_no_controls(tmp_path):
     assert names("graphs") == [["stock-graphs", "ours-graphs", "stock-eager-chunk2048"]]
     (eager,) = names("eager")
     assert eager[:2] == ["stock-eager", "ours-eager"] and eager[2] == CONTROLS[0].server
+
+
+def test_the_graphs_wave_alone_needs_no_control_checkpoints(tmp_path, monkeypatch):
+    """Without the eager wave no control runs, so main() must not ask for their
+    checkpoints; with it, a missing control is an error that names the folder."""
+    ran = []
+    monkeypatch.setattr(run, "phase_correctness", lambda args: ran.append(args.waves) or {})
+    model = tmp_path / "smoke"
+    model.mkdir()
+    common = ["correctness", "--model", str(model), "--out", str(tmp_path / "out")]
+    assert run.main([*common, "--waves", "graphs"]) == 0
+    assert ran == [["graphs"]]
+    with pytest.raises(SystemExit) as stop:
+        run.main([*common, "--waves", "eager"])
+    assert stop.value.code == 2 and ran == [["graphs"]]

@@ -2,11 +2,12 @@
 
 Phases (``scripts/e2e-on-device start PHASE`` runs one detached):
 
-``correctness``  two waves of at most four servers sharing the GPU. First stock eager, ours
-                 eager and the first negative controls (``CONTROLS``: perturbed checkpoints
-                 on the stock path, eager, probed one request at a time); then stock with
-                 CUDA graphs, ours with CUDA graphs, stock eager with a 2,048-token prefill
-                 chunk (a variation of the stock path) and the other controls. Every prompt
+``correctness``  three waves of at most three servers sharing the GPU (SERVERS_PER_WAVE).
+                 First stock eager, ours eager and the first negative control (``CONTROLS``:
+                 perturbed checkpoints on the stock path, eager, probed one request at a
+                 time); then the other controls; then stock with CUDA graphs, ours with CUDA
+                 graphs and stock eager with a 2,048-token prefill chunk (a variation of the
+                 stock path). Every prompt
                  is scored teacher-forced and continued greedily, one request at a time and
                  sixteen at once. Then the other servers stop and the two CUDA-graph
                  servers are timed one after the other: TTFT at 8K and 32K tokens,
@@ -186,20 +187,21 @@ def throughput(s: Server, prompts: dict) -> dict:
 BOTH = ("sequential", "concurrent")
 
 
-# Servers sharing the GPU at once. Each holds the 6.6 GB checkpoint, its 6 GiB KV pool and
-# its activations and CUDA context: about 17 GB by that sum (an estimate, not a reading),
-# so four should fit an 80 GB H100.
-SERVERS_PER_WAVE = 4
-WAVES = ("eager", "graphs")  # correctness's waves, by name (--waves)
+# Servers sharing the GPU at once. Read on an NVIDIA H100 80GB with the smoke checkpoint
+# and a 6 GiB KV pool each: a stock eager server holds 22.3 GB once ready and 26.3 GB
+# while it serves the 32K-token prompts; ours eager 20.3 and 25.3 GB. Three fit (78 GB);
+# a fourth ran out of memory allocating its KV pool.
+SERVERS_PER_WAVE = 3
+WAVES = ("eager", "controls", "graphs")  # correctness's waves, by name (--waves)
 
 
 def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
-    """Two waves of at most SERVERS_PER_WAVE servers: the eager servers, then the
-    CUDA-graph servers and the chunked-prefill variation; the controls fill the places
-    left, first wave first (each is compared with stock eager one request at a time,
-    whose greedy, batch-1 record does not depend on which wave it ran in). Only the
-    waves named in ``args.waves``; without the eager wave, no controls (nothing to
-    compare them with)."""
+    """Waves of at most SERVERS_PER_WAVE servers: the eager servers with the first
+    control, then the other controls, then the CUDA-graph servers and the chunked-prefill
+    variation. Each control is compared with stock eager one request at a time, whose
+    greedy, batch-1 record does not depend on which wave it ran in. Only the waves named
+    in ``args.waves``; the controls need the eager wave (nothing to compare them with
+    otherwise)."""
     m, same = args.model, {"gpu_memory_utilization": args.util}
     controls = [
         (ServerSpec(c.server, "stock", str(args.controls_dir / c.checkpoint), c.port, **same),
@@ -218,13 +220,17 @@ def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
                     **same), ("concurrent",)),
     ]  # fmt: skip
     room = SERVERS_PER_WAVE - len(eager)
-    waves = {"eager": eager + controls[:room], "graphs": graphs + controls[room:]}
+    waves = {
+        "eager": eager + controls[:room],
+        "controls": controls[room:] if "controls" in args.waves else [],
+        "graphs": graphs,
+    }
     if max(map(len, waves.values())) > SERVERS_PER_WAVE:
         raise ValueError(
-            f"{len(CONTROLS)} controls do not fit two waves of {SERVERS_PER_WAVE} servers: "
+            f"{len(CONTROLS)} controls do not fit the waves of {SERVERS_PER_WAVE} servers: "
             "shorten CONTROLS or add a wave"
         )
-    return [waves[name] for name in WAVES if name in args.waves]
+    return [waves[name] for name in WAVES if name in args.waves and waves[name]]
 
 
 def run_wave(args, wave, prompts: dict, result: dict, servers: list[Server]) -> list[Server]:
@@ -485,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if rep["verdict"]["result"] == "PASS" else 1
     if not args.model:
         p.error("--model is required")
+    if args.phase == "correctness" and "controls" in args.waves and "eager" not in args.waves:
+        p.error("--waves controls needs the eager wave: the controls are compared with stock eager")
     if args.phase == "correctness" and "eager" in args.waves:  # the controls run in that wave
         args.controls_dir = args.controls_dir or Path(args.model).resolve().parent
         absent = [c.checkpoint for c in CONTROLS if not (args.controls_dir / c.checkpoint).is_dir()]

@@ -196,7 +196,7 @@ WAVES = ("eager", "controls", "graphs")  # correctness's waves, by name (--waves
 
 
 def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
-    """Waves of at most SERVERS_PER_WAVE servers: the eager servers with the first
+    """Waves of at most ``args.servers_per_wave`` servers: the eager servers with the first
     control, then the other controls, then the CUDA-graph servers and the chunked-prefill
     variation. Each control is compared with stock eager one request at a time, whose
     greedy, batch-1 record does not depend on which wave it ran in. Only the waves named
@@ -219,15 +219,16 @@ def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
         (ServerSpec("stock-eager-chunk2048", "stock", m, 8104, max_num_batched_tokens=2048,
                     **same), ("concurrent",)),
     ]  # fmt: skip
-    room = SERVERS_PER_WAVE - len(eager)
+    per_wave = args.servers_per_wave
+    room = per_wave - len(eager)
     waves = {
         "eager": eager + controls[:room],
         "controls": controls[room:] if "controls" in args.waves else [],
         "graphs": graphs,
     }
-    if max(map(len, waves.values())) > SERVERS_PER_WAVE:
+    if max(map(len, waves.values())) > per_wave:
         raise ValueError(
-            f"{len(CONTROLS)} controls do not fit the waves of {SERVERS_PER_WAVE} servers: "
+            f"{len(CONTROLS)} controls do not fit the waves of {per_wave} servers: "
             "shorten CONTROLS or add a wave"
         )
     return [waves[name] for name in WAVES if name in args.waves and waves[name]]
@@ -255,6 +256,14 @@ def run_wave(args, wave, prompts: dict, result: dict, servers: list[Server]) -> 
     return servers
 
 
+def save_partial(args, result: dict) -> None:
+    """The record so far, after each wave: a run cut short (a GPU machine taken back
+    mid-phase) still leaves the finished waves to ``report``, which says ``not measured``
+    for the rest."""
+    (args.out / "correctness.json").write_text(json.dumps(result))
+    log(f"record saved: {sorted(result['runs'])}")
+
+
 def phase_correctness(args) -> dict:
     prompts = load_prompts(args.model, args.max_len)
     log(f"{len(prompts)} prompts, {sum(map(len, prompts.values()))} tokens")
@@ -268,9 +277,11 @@ def phase_correctness(args) -> dict:
         finally:
             for s in servers:
                 s.stop()
+        save_partial(args, result)
     servers = []
     try:
         run_wave(args, last, prompts, result, servers)
+        save_partial(args, result)
         timed = [s for s in servers if s.spec.name in ("stock-graphs", "ours-graphs")]
         for s in servers:
             if s not in timed:
@@ -459,6 +470,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len", type=int, default=None, help="leave out longer prompts")
     p.add_argument("--no-throughput", dest="throughput", action="store_false")
     p.add_argument("--stagger-s", type=float, default=3.0, help="pause between server starts")
+    p.add_argument(
+        "--servers-per-wave",
+        type=int,
+        default=SERVERS_PER_WAVE,
+        help="servers sharing the GPU at once (3 fit an 80 GB GPU; 5, all the eager servers "
+        "and controls in one wave, fit a 141 GB H200)",
+    )
     p.add_argument("--factor", type=float, default=agreement.DEFAULT_FACTOR)
     args = p.parse_args(argv)
     if args.phase == "controls":

@@ -130,7 +130,8 @@ def test_no_wave_holds_more_servers_than_fit_an_80_gb_gpu(tmp_path):
     """Every server and every control is in a wave, none twice, and no wave has more than
     SERVERS_PER_WAVE servers."""
     args = argparse.Namespace(
-        model=str(tmp_path), util=0.15, controls_dir=tmp_path, waves=list(run.WAVES)
+        model=str(tmp_path), util=0.15, controls_dir=tmp_path, waves=list(run.WAVES),
+        servers_per_wave=run.SERVERS_PER_WAVE,
     )
     waves = run.correctness_waves(args)
     names = [spec.name for wave in waves for spec, _ in wave]
@@ -145,14 +146,22 @@ def test_waves_run_alone_and_the_graphs_wave_alone_has_no_controls(tmp_path):
     (the controls are compared with stock eager, which that run lacks); --waves eager: the
     eager servers and the first controls."""
 
-    def names(*waves):
-        args = argparse.Namespace(model="m", util=0.15, controls_dir=tmp_path, waves=list(waves))
+    def names(*waves, per_wave=run.SERVERS_PER_WAVE):
+        args = argparse.Namespace(model="m", util=0.15, controls_dir=tmp_path, waves=list(waves),
+                                  servers_per_wave=per_wave)  # fmt: skip
         return [[spec.name for spec, _ in wave] for wave in run.correctness_waves(args)]
 
     assert names("graphs") == [["stock-graphs", "ours-graphs", "stock-eager-chunk2048"]]
     (eager,) = names("eager")
     assert eager[:2] == ["stock-eager", "ours-eager"] and eager[2] == CONTROLS[0].server
     assert names("eager", "controls") == [eager, [c.server for c in CONTROLS[1:]]]
+    # Five at once (a 141 GB GPU): every control joins the eager wave, no controls wave.
+    assert names(*run.WAVES, per_wave=5) == [
+        ["stock-eager", "ours-eager", *(c.server for c in CONTROLS)],
+        ["stock-graphs", "ours-graphs", "stock-eager-chunk2048"],
+    ]
+    with pytest.raises(ValueError, match="do not fit the waves of 2 servers"):
+        names(*run.WAVES, per_wave=2)
 
 
 def test_the_graphs_wave_alone_needs_no_control_checkpoints(tmp_path, monkeypatch):
@@ -168,3 +177,30 @@ def test_the_graphs_wave_alone_needs_no_control_checkpoints(tmp_path, monkeypatc
     with pytest.raises(SystemExit) as stop:
         run.main([*common, "--waves", "eager"])
     assert stop.value.code == 2 and ran == [["graphs"]]
+
+
+def test_each_finished_wave_is_saved_before_the_next_starts(tmp_path, monkeypatch):
+    """A phase cut short in its last wave still leaves the earlier waves' runs on disk."""
+    args = argparse.Namespace(
+        model="m", out=tmp_path, util=0.15, controls_dir=tmp_path, waves=list(run.WAVES),
+        max_len=None, stagger_s=0, throughput=False, servers_per_wave=run.SERVERS_PER_WAVE,
+    )  # fmt: skip
+    monkeypatch.setattr(run, "load_prompts", lambda model, max_len: {"p": [1, 2]})
+    monkeypatch.setattr(run, "environment", lambda: {})
+    waves_seen = []
+
+    def fake_wave(args, wave, prompts, result, servers):
+        names = [spec.name for spec, _ in wave]
+        if "ours-graphs" in names:
+            raise RuntimeError("machine taken back")
+        waves_seen.append(names)
+        result["runs"].update({n: {"sequential": {}} for n in names})
+        return servers
+
+    monkeypatch.setattr(run, "run_wave", fake_wave)
+    with pytest.raises(RuntimeError):
+        run.phase_correctness(args)
+    saved = json.loads((tmp_path / "correctness.json").read_text())
+    assert len(waves_seen) == 2
+    assert set(saved["runs"]) == {n for w in waves_seen for n in w}
+    assert "ours-graphs" not in saved["runs"]

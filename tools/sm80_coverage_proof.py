@@ -34,8 +34,10 @@ from importlib.metadata import version
 from pathlib import Path
 
 from deepinfer_sm80.ampere_fit import (
+    REGISTERS_PER_SM,
     compile_for_ampere,
     fit_violations,
+    report_problems,
     run_compile_subprocess,
 )
 from deepinfer_sm80.arch import AMPERE_ARCHES
@@ -472,39 +474,30 @@ def _compile_tilelang_here(units: list[tuple[TileLangSpec, int]]) -> list[FitRep
     return reports
 
 
-REGISTERS_PER_SM = 65536  # sm80 and sm86 alike
-
-
 def tilelang_limit_problems(reports: list[FitReport]) -> list[str]:
     """vLLM's TileLang kernels: a failed compile, shared memory over the arch's opt-in
     limit per block (``arch.ArchLimits``), any spill, or a CTA whose registers do not fit
     the register file (the launch would fail)."""
     by_arch = {f"sm_{a.capability[0]}{a.capability[1]}": a for a in AMPERE_ARCHES}
-    problems = []
-    for r in reports:
-        where = f"{r.label} on {r.arch}"
-        if r.error is not None:
-            problems.append(f"{where}: compile failed: {r.error}")
-            continue
+
+    def over_limits(r: FitReport) -> list[str]:
+        found = []
         limit = by_arch[r.arch].optin_smem_per_block_bytes
         if r.shared_bytes > limit:
-            problems.append(
-                f"{where}: {r.shared_bytes} B shared memory > {limit} B "
+            found.append(
+                f"{r.shared_bytes} B shared memory > {limit} B "
                 f"({by_arch[r.arch].name} opt-in limit)"
             )
-        if r.spill_store_bytes or r.spill_load_bytes:
-            problems.append(
-                f"{where}: spills ({r.spill_store_bytes} B stores, "
-                f"{r.spill_load_bytes} B loads) at {r.registers} registers"
-            )
         if not r.threads:
-            problems.append(f"{where}: no __launch_bounds__ in the generated source")
+            found.append("no __launch_bounds__ in the generated source")
         elif r.registers * r.threads > REGISTERS_PER_SM:
-            problems.append(
-                f"{where}: {r.registers} registers x {r.threads} threads > "
+            found.append(
+                f"{r.registers} registers x {r.threads} threads > "
                 f"{REGISTERS_PER_SM} registers per SM: the launch fails"
             )
-    return problems
+        return found
+
+    return report_problems(reports, over_limits)
 
 
 # ---------------------------------------------------------------------------------------

@@ -28,9 +28,9 @@ import hashlib
 import json
 import math
 import statistics
-import threading
 
 from benchmarks.serving.client import Client, ServerError
+from benchmarks.serving.together import run_together
 
 DEFAULT_K = 3.0
 DEFAULT_FLOOR = 1e-4
@@ -113,23 +113,8 @@ def measure(client: Client, model: str, texts: list[tuple[str, str]], repeats: i
 
 
 def _concurrent(client, model, texts, order) -> dict[int, dict]:
-    results: dict[int, dict] = {}
-    errors: list[BaseException] = []
-
-    def one(i):
-        try:
-            results[i] = score_text(client, model, texts[i][1])
-        except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in order]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+    calls = [lambda i=i: score_text(client, model, texts[i][1]) for i in order]
+    return dict(zip(order, run_together(calls), strict=True))
 
 
 def _mean(per_text: list[dict]) -> float:

@@ -26,7 +26,6 @@ must use the same settings (they are recorded and --compare checks them).
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -38,6 +37,7 @@ from benchmarks.serving.timing import (
     median,
     rate_by_quarter,
 )
+from benchmarks.serving.together import run_together
 
 PREFILL = re.compile(r"^prefill_(\d+)k$")
 DEFAULT_WORKLOADS = (
@@ -165,25 +165,8 @@ class Bench:
 
     def concurrent(self, prompt_list: list[str], max_tokens: int) -> list[StreamRecord]:
         """All streams released together (barrier) so they decode side by side."""
-        results: list[StreamRecord | None] = [None] * len(prompt_list)
-        errors: list[BaseException] = []
-        gate = threading.Barrier(len(prompt_list))
-
-        def run(i: int) -> None:
-            try:
-                gate.wait()
-                results[i] = self.one(prompt_list[i], max_tokens)
-            except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompt_list))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return [r for r in results if r is not None]
+        calls = [lambda p=p: self.one(p, max_tokens) for p in prompt_list]
+        return run_together(calls, barrier=True)
 
     def _cold_prompt(self, tokens: int) -> tuple[str, str]:
         nonce = prompts.new_nonce()

@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict
 
 from deepinfer_sm80.arch import AMPERE_ARCHES, STATIC_SMEM_LIMIT_BYTES
@@ -141,30 +142,46 @@ def run_compile_subprocess(
     return [FitReport(**r) for r in json.loads(run.stdout.strip().splitlines()[-1])]
 
 
+REGISTERS_PER_SM = 65536  # sm80 and sm86 alike
+
+
+def report_problems(
+    reports: list[FitReport], budget_problems: Callable[[FitReport], list[str]]
+) -> list[str]:
+    """One line per problem, ``"<label> on <arch>: ..."``: a failed compile, or what
+    ``budget_problems`` finds in a compiled report followed by any register spill."""
+    problems = []
+    for r in reports:
+        if r.error is not None:
+            found = [f"compile failed: {r.error}"]
+        else:
+            found = budget_problems(r)
+            if r.spill_store_bytes or r.spill_load_bytes:
+                found.append(
+                    f"spills ({r.spill_store_bytes} B stores, "
+                    f"{r.spill_load_bytes} B loads) at {r.registers} registers"
+                )
+        problems += [f"{r.label} on {r.arch}: {p}" for p in found]
+    return problems
+
+
 def fit_violations(
     reports: list[FitReport], smem_limit: int = STATIC_SMEM_LIMIT_BYTES
 ) -> list[str]:
     """Every way the reports miss the Ampere budget, one line each (empty = fits)."""
-    problems = []
-    for r in reports:
-        where = f"{r.label} on {r.arch}"
-        if r.error is not None:
-            problems.append(f"{where}: compile failed: {r.error}")
-            continue
+
+    def over_budget(r: FitReport) -> list[str]:
+        found = []
         if r.shared_bytes > smem_limit:
-            problems.append(f"{where}: {r.shared_bytes} B shared memory > {smem_limit} B")
-        regs_per_sm = 65536  # sm80 and sm86 alike
-        if r.min_ctas_per_sm * r.registers * r.threads > regs_per_sm:
-            problems.append(
-                f"{where}: {r.registers} registers x {r.threads} threads leaves no room for "
-                f"{r.min_ctas_per_sm} CTAs per SM ({regs_per_sm} registers)"
+            found.append(f"{r.shared_bytes} B shared memory > {smem_limit} B")
+        if r.min_ctas_per_sm * r.registers * r.threads > REGISTERS_PER_SM:
+            found.append(
+                f"{r.registers} registers x {r.threads} threads leaves no room for "
+                f"{r.min_ctas_per_sm} CTAs per SM ({REGISTERS_PER_SM} registers)"
             )
-        if r.spill_store_bytes or r.spill_load_bytes:
-            problems.append(
-                f"{where}: spills ({r.spill_store_bytes} B stores, "
-                f"{r.spill_load_bytes} B loads) at {r.registers} registers"
-            )
-    return problems
+        return found
+
+    return report_problems(reports, over_budget)
 
 
 def format_reports(reports: list[FitReport]) -> str:

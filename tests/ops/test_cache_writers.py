@@ -434,6 +434,13 @@ def _norm_weight(seed: int) -> torch.Tensor:
     return (1 + 0.2 * torch.randn(128, generator=g)).to(torch.bfloat16)
 
 
+def _store_keys_on(device, k_pre, positions, cos_sin, weight, cache, slots, ratio=1) -> None:
+    """``indexer_k_norm_rope_store`` (eps 1e-6, FP8 cache) of CPU inputs into ``cache``,
+    which is already on ``device``."""
+    inputs = (t.to(device) for t in (k_pre, positions, cos_sin, weight))
+    indexer_k_norm_rope_store(*inputs, 1e-6, cache, slots.to(device), ratio, False)
+
+
 @cpu_only
 @pytest.mark.parametrize(
     "ratio,block_size,num_tokens",
@@ -480,17 +487,7 @@ def test_indexer_k_decodes_to_the_normalized_rotated_key(device):
     positions, slots = torch.arange(16) * 3 + 1, torch.arange(16)
     cache = _index_cache(1, 16)
     dev_cache = move_cache(cache, device)
-    indexer_k_norm_rope_store(
-        k_pre.to(device),
-        positions.to(device),
-        cos_sin.to(device),
-        weight.to(device),
-        1e-6,
-        dev_cache,
-        slots.to(device),
-        1,
-        False,
-    )
+    _store_keys_on(device, k_pre, positions, cos_sin, weight, dev_cache, slots)
     values, scales = indexer_page_views(move_cache(dev_cache, "cpu"))
     scale = scales[0].contiguous().view(torch.float32)
     back = e4m3_decode_ref(values[0]) * scale
@@ -527,17 +524,7 @@ def test_indexer_k_nonfinite_rows(device):
     cos_sin, weight = _rope_table(), _norm_weight(9)
     positions, slots = torch.tensor([4, 5, 6]), torch.tensor([2, 0, 1])
     ours = move_cache(_index_cache(1, 8), device)
-    indexer_k_norm_rope_store(
-        k_pre.to(device),
-        positions.to(device),
-        cos_sin.to(device),
-        weight.to(device),
-        1e-6,
-        ours,
-        slots.to(device),
-        1,
-        False,
-    )
+    _store_keys_on(device, k_pre, positions, cos_sin, weight, ours, slots)
     ours = move_cache(ours, "cpu")
     if not ON_GPU:  # on a GPU the norm uses rsqrt.approx: not the ref's rounding
         ref = _index_cache(1, 8)
@@ -659,14 +646,7 @@ def test_full_size_writers_on_gpu(device, ratio, block_size):
 
     k_pre, weight = _random_k_pre(n, 3), _norm_weight(3)
     idx = move_cache(_index_cache(num_blocks, block_size), device)
-    indexer_k_norm_rope_store(
-        *(t.to(device) for t in (k_pre, positions, cos_sin, weight)),
-        1e-6,
-        idx,
-        slots.to(device),
-        ratio,
-        False,
-    )
+    _store_keys_on(device, k_pre, positions, cos_sin, weight, idx, slots, ratio)
     values, scales = indexer_page_views(move_cache(idx, "cpu"))
     key = indexer_k_rows_ref(k_pre, positions, cos_sin, weight, 1e-6, ratio)
     for i in range(0, n, 97):

@@ -2053,11 +2053,7 @@ def vllm_mhc_on_cpu(
     fn,
     hc_scale,
     hc_base,
-    rms_eps,
-    hc_pre_eps,
-    hc_sinkhorn_eps,
-    hc_post_mult_value,
-    sinkhorn_repeat,
+    *scalars,
     pre_mix=None,
     norm_weight=None,
     norm_eps=1e-6,
@@ -2065,12 +2061,13 @@ def vllm_mhc_on_cpu(
 ):
     """vLLM's fused mHC op on CPU: its torch oracle for the post mixing and the
     coefficients (the projection reading the unrounded residual where vLLM's fused kernel
-    runs), the fp32 reference for the normalized layer input and the stream mean."""
+    runs), the fp32 reference for the normalized layer input and the stream mean.
+    ``scalars`` are the op's five positional scalars, passed on as they come (rms_eps,
+    hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat)."""
     oracle = importlib.import_module("vllm.model_executor.kernels.mhc.torch")
     residual_cur = oracle.mhc_post_torch(x, residual, post_layer_mix, comb_res_mix)
     fused = vllm_mhc_fused_path(residual.shape[0])
     unrounded = post_ref(x, residual, post_layer_mix, comb_res_mix).flatten(1) if fused else None
-    scalars = (rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat)
     post, comb, _, pre = oracle.mhc_pre_delayed_torch(
         residual_cur, fn, hc_scale, hc_base, *scalars, pre_mix=pre_mix, x=unrounded
     )

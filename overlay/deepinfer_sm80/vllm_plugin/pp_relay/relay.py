@@ -247,16 +247,17 @@ class PipelineRelayDeepseekV4Model(v41.DeepseekV4Model):
         lookback_token_ids=None,
         decode_step=None,
     ):
+        args = (
+            input_ids,
+            positions,
+            intermediate_tensors,
+            inputs_embeds,
+            lookback_token_ids,
+            decode_step,
+        )
         stage = self._pp_relay
         if stage is None:
-            return super().forward(
-                input_ids,
-                positions,
-                intermediate_tensors,
-                inputs_embeds,
-                lookback_token_ids,
-                decode_step,
-            )
+            return super().forward(*args)
         attn_metadata = (
             get_forward_context().attn_metadata if is_forward_context_available() else None
         )
@@ -266,14 +267,7 @@ class PipelineRelayDeepseekV4Model(v41.DeepseekV4Model):
             )
         if stage.receives and isinstance(attn_metadata, dict):
             self.install_relay(intermediate_tensors, attn_metadata)
-        output = super().forward(
-            input_ids,
-            positions,
-            intermediate_tensors,
-            inputs_embeds,
-            lookback_token_ids,
-            decode_step,
-        )
+        output = super().forward(*args)
         if stage.sends and isinstance(output, IntermediateTensors):
             self.pack_relay(output, attn_metadata)
         return output

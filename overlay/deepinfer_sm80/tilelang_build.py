@@ -142,8 +142,11 @@ def dynamic_smem_bytes(kernel, variant: TileLangVariant, target: dict) -> int:
     return total
 
 
-def ptxas_verbose(source: str, cc: int, extra_flags: list[str]) -> str:
-    """nvcc -cubin -Xptxas -v on TileLang's generated CUDA source, with its include paths."""
+def ptxas_verbose(
+    source: str, cc: int, extra_flags: list[str], cubin_out: str | os.PathLike | None = None
+) -> str:
+    """nvcc -cubin -Xptxas -v on TileLang's generated CUDA source, with its include paths;
+    the cubin is kept at ``cubin_out`` when given (to read its SASS)."""
     from tilelang import env
     from tilelang.contrib import nvcc
 
@@ -168,6 +171,8 @@ def ptxas_verbose(source: str, cc: int, extra_flags: list[str]) -> str:
             cu,
         ]
         run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if run.returncode == 0 and cubin_out is not None:
+            shutil.copyfile(os.path.join(tmp, "k.cubin"), cubin_out)
     if run.returncode != 0:
         raise RuntimeError(f"nvcc failed for sm_{cc}: {run.stderr.strip()[-2000:]}")
     return run.stdout + run.stderr

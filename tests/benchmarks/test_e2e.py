@@ -241,7 +241,7 @@ def test_report_flags_the_negative_control_and_passes_a_close_candidate(base):
     assert comps["ours vs stock, CUDA graphs, batch 1"]["within"]
     assert not any(comps[c.comparison]["within"] for c in CONTROLS)
     assert rep["verdict"]["result"] == "PASS"
-    assert rep["verdict"]["resolving_power"] == "flags L24 1%, L39 1%, L24 10%"
+    assert rep["verdict"]["resolving_power"] == "flags L24 1%, L39 1%, L24 10%, L24 50%"
     assert set(rep["bound"]["sources"]) == {
         "stock batch 1 vs 16 (eager)",
         "stock batch 1 vs 16 (graphs)",
@@ -253,10 +253,13 @@ def test_report_flags_the_negative_control_and_passes_a_close_candidate(base):
 @pytest.mark.parametrize(
     ("scales", "power", "smallest"),
     [
-        ({"L24 1%": 1}, "flags L39 1%, L24 10%; not L24 1%", "it flags is L39 1%"),
-        ({"L24 1%": 1, "L39 1%": 1}, "flags L24 10%; not L24 1%, L39 1%", "it flags is L24 10%"),
-        ({"L24 1%": 1, "L39 1%": 1, "L24 10%": 1}, "not L24 1%, L39 1%, L24 10%",
-         "flags none of the controls"),
+        ({"L24 1%": 1}, "flags L39 1%, L24 10%, L24 50%; not L24 1%", "it flags is L39 1%"),
+        ({"L24 1%": 1, "L39 1%": 1}, "flags L24 10%, L24 50%; not L24 1%, L39 1%",
+         "it flags is L24 10%"),
+        ({"L24 1%": 1, "L39 1%": 1, "L24 10%": 1}, "flags L24 50%; not L24 1%, L39 1%, L24 10%",
+         "it flags is L24 50%"),
+        ({"L24 1%": 1, "L39 1%": 1, "L24 10%": 1, "L24 50%": 1},
+         "not L24 1%, L39 1%, L24 10%, L24 50%", "flags none of the controls"),
     ],
 )  # fmt: skip
 def test_the_ladder_names_what_the_bound_resolves(base, scales, power, smallest):
@@ -293,7 +296,7 @@ def test_a_record_without_the_ladder_reports_not_measured(base, tmp_path):
     rep = json.loads((out / "report.json").read_text())
     assert rep["verdict"]["result"] == "NO VERDICT"
     assert "not measured" in rep["verdict"]["why"]
-    assert rep["verdict"]["resolving_power"] == "not measured L24 1%, L39 1%, L24 10%"
+    assert rep["verdict"]["resolving_power"] == "not measured L24 1%, L39 1%, L24 10%, L24 50%"
     assert all(rep["comparisons"][c.comparison] == {"missing": True} for c in CONTROLS)
 
 

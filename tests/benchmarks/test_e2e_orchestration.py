@@ -85,7 +85,7 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     assert comps["ours vs stock, CUDA graphs, batch 16"]["within"]
     assert not any(comps[c.comparison]["within"] for c in CONTROLS)
     assert rep["verdict"]["result"] == "PASS"
-    assert "resolving power: flags L24 1%, L39 1%, L24 10%\n" in r.stdout
+    assert "resolving power: flags L24 1%, L39 1%, L24 10%, L24 50%\n" in r.stdout
     eq = rep["speculative"]["ours-spec-launch greedy vs ours-graphs greedy"]
     assert eq["equal_prompts"] == eq["prompts"] > 0
     assert "OUTSIDE" in r.stdout and "WITHIN" in r.stdout
@@ -100,7 +100,7 @@ def test_a_ladder_whose_smallest_control_hides_is_no_verdict(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     r = _run("report", out=out)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "resolving power: flags L24 10%; not L24 1%, L39 1%\n" in r.stdout
+    assert "resolving power: flags L24 10%, L24 50%; not L24 1%, L39 1%\n" in r.stdout
     assert "verdict: NO VERDICT" in r.stdout and "smallest control it flags is L24 10%" in r.stdout
 
 
@@ -158,11 +158,14 @@ def test_waves_run_alone_and_the_graphs_wave_alone_has_no_controls(tmp_path):
     (eager,) = names("eager")
     assert eager[:2] == ["stock-eager", "ours-eager"] and eager[2] == CONTROLS[0].server
     assert names("eager", "controls") == [eager, [c.server for c in CONTROLS[1:]]]
-    # Five at once (a 141 GB GPU): every control joins the eager wave, no controls wave.
+    # Five at once (a 141 GB GPU): the controls fill the eager wave, then the graphs wave;
+    # no controls wave.
+    controls = [c.server for c in CONTROLS]
     assert names(*run.WAVES, per_wave=5) == [
-        ["stock-eager", "ours-eager", *(c.server for c in CONTROLS)],
-        ["stock-graphs", "ours-graphs", "stock-eager-chunk2048"],
+        ["stock-eager", "ours-eager", *controls[:3]],
+        ["stock-graphs", "ours-graphs", "stock-eager-chunk2048", *controls[3:]],
     ]
+    assert len(controls) == 4  # three in the eager wave, one beside the graphs servers
     with pytest.raises(ValueError, match="do not fit the waves of 2 servers"):
         names(*run.WAVES, per_wave=2)
 

@@ -505,10 +505,14 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name}: {'WITHIN' if v['within'] else 'OUTSIDE'} bound (max|d| "
                 f"{s['max_abs']:.4g}, worst prompt mean|d| {s['worst_prompt_mean_abs']:.4g}, "
-                f"top-1 {s['top1_agreement']:.4%}, greedy equal "
-                f"{s['greedy_equal_prompts']}/{s['prompts']})"
+                f"pooled mean|d| {s['mean_abs']:.4g}, top-1 {s['top1_agreement']:.4%}, "
+                f"greedy equal {s['greedy_equal_prompts']}/{s['prompts']})"
             )
-        print(f"bound: {rep['bound']['max_abs']:.4g} max, {rep['bound']['mean_abs']:.4g} mean")
+        b = rep["bound"]
+        print(
+            f"bound: {b['max_abs']:.4g} max, {b['mean_abs']:.4g} mean per prompt, "
+            f"{b['aggregate_mean_abs']:.4g} pooled mean"
+        )
         print(f"resolving power: {rep['verdict']['resolving_power']}")
         print(f"verdict: {rep['verdict']['result']} ({rep['verdict']['why']})")
         return 0 if rep["verdict"]["result"] == "PASS" else 1

@@ -65,6 +65,27 @@ def test_candidate_as_noisy_as_the_stock_path_is_within(base):
     assert agreement.verdict(cand, bound)["within"]
 
 
+def test_the_pooled_bound_is_tight_and_catches_what_each_prompt_hides(base):
+    """Rounding noise pools to a stable mean over many positions; a candidate with its own
+    noise plus a small systematic change stays inside every per-prompt bound (2x) but
+    moves the pooled mean past 1.1x the stock path's."""
+    var = agreement.compare_runs(_run(_noisy(base, 0.05, 1)), _run(_noisy(base, 0.05, 2)))
+    bound = agreement.bound_from_variation({"batch": var}, factor=2.0)
+    pooled = agreement.summarize(var)["mean_abs"]
+    assert bound.aggregate_mean_abs == pytest.approx(agreement.AGGREGATE_FACTOR * pooled)
+    assert bound.aggregate_mean_abs < bound.mean_abs  # tighter than the per-prompt bound
+
+    def candidate(shift):
+        noisy = _noisy(base, 0.05, 3)
+        return agreement.compare_runs(
+            _run({n: [x + shift for x in v] for n, v in noisy.items()}), _run(_noisy(base, 0.05, 4))
+        )
+
+    assert agreement.verdict(candidate(0.0), bound)["within"]
+    v = agreement.verdict(candidate(0.05), bound)
+    assert not v["within"] and not v["pooled_within"] and v["outside"] == []
+
+
 # Mutants of a candidate that must be flagged against a bound from small stock noise.
 def _scaled(base):
     return {n: [x * 1.01 for x in v] for n, v in base.items()}
@@ -303,13 +324,15 @@ def test_a_record_without_the_ladder_reports_not_measured(base, tmp_path):
 def test_no_verdict_without_a_flagged_negative_control_or_with_a_missing_run(base):
     from benchmarks.e2e.run import CONTROLS, report
 
-    noisy = {k: _noisy(base, 0.5, i) for i, k in enumerate(("a", "b", "c", "d", "e"))}
+    # A chaotic model: every run is the truth plus its own rounding noise, so every pair of
+    # runs, the stock path's variations included, is as far apart as any other.
+    noisy = [_run(_noisy(base, 0.5, seed)) for seed in range(8)]
     corr = {
         "runs": {
-            "stock-eager": {"sequential": _run(base), "concurrent": _run(noisy["a"])},
-            "stock-graphs": {"sequential": _run(noisy["b"]), "concurrent": _run(base)},
-            "ours-eager": {"sequential": _run(noisy["c"]), "concurrent": _run(noisy["d"])},
-            "ours-graphs": {"sequential": _run(noisy["e"]), "concurrent": _run(base)},
+            "stock-eager": {"sequential": noisy[0], "concurrent": noisy[1]},
+            "stock-graphs": {"sequential": noisy[2], "concurrent": noisy[3]},
+            "ours-eager": {"sequential": noisy[4], "concurrent": noisy[5]},
+            "ours-graphs": {"sequential": noisy[6], "concurrent": noisy[7]},
             # a 1% change hides inside a chaotic model's own variation
             **_ladder(_noisy(base, 0.5, 9), {}),
         }

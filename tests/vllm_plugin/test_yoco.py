@@ -1,4 +1,6 @@
-"""YOCO reuse in the Ampere attention layer (vllm_plugin/yoco.py), on CPU, real vLLM 0.33.0.
+"""YOCO reuse in the Ampere attention layer (vllm_plugin/yoco.py), real vLLM 0.33.0, on the
+tier's device (the ``device`` fixture: CPU with the Triton interpreter, or the GPU tier's
+CUDA device, where the kernels need CUDA tensors).
 
 A "step" here is a run of our layer's ``_forward_decode`` / ``_forward_prefill`` for a
 sequence of layers of one sharing group (ratio 1: layers 20-25, index sources 20 and
@@ -221,7 +223,7 @@ def test_switch(monkeypatch, value, on):
     assert yoco.enabled() is on
 
 
-def test_memo_rules():
+def test_memo_rules(device):
     """Keys, identity anchors, index-source rebuild, layer order, step change."""
     memo = yoco.StepMemo()
     a, other = torch.zeros(3), torch.zeros(3)  # equal values, different objects
@@ -235,7 +237,7 @@ def test_memo_rules():
     assert not memo.active(role(21))  # no forward context
     with pytest.raises(RuntimeError, match="active"):
         get(role(21))
-    b = make_batch(SMALL, 1, DECODES[:1], (), seed=1, device="cpu")
+    b = make_batch(SMALL, 1, DECODES[:1], (), seed=1, device=device)
     with override_forward_context(context(b)):
         assert memo.active(role(21)) and not memo.active(None)
         assert get(role(20, writes=True)) == 1
@@ -252,13 +254,13 @@ def test_memo_rules():
     assert memo.invalidations == 1
 
 
-def test_role_from_vllm_attributes():
-    b = make_batch(SMALL, 1, DECODES[:1], (), seed=2, device="cpu")
+def test_role_from_vllm_attributes(device):
+    b = make_batch(SMALL, 1, DECODES[:1], (), seed=2, device=device)
     assert yoco.LayerRole.of(b.layer) is None  # no layer_id: no reuse
     src, consumer = group(b, ids=(24, 25))
     assert yoco.LayerRole.of(src) == yoco.LayerRole(24, 24, True)
     assert yoco.LayerRole.of(consumer) == yoco.LayerRole(25, 24, False)
-    b0 = make_batch(SMALL, 0, DECODES[:1], (), seed=2, device="cpu")
+    b0 = make_batch(SMALL, 0, DECODES[:1], (), seed=2, device=device)
     assert yoco.LayerRole.of(group(b0, ids=(1,))[0]) == yoco.LayerRole(1, None, False)
 
 
@@ -266,18 +268,18 @@ def test_role_from_vllm_attributes():
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["yoco", "off"])
-def test_decode_counts(monkeypatch, counts, recorded, memo, on):
+def test_decode_counts(monkeypatch, counts, recorded, memo, on, device):
     if not on:
         monkeypatch.setenv(yoco.ENV_VAR, "0")
-    b = make_batch(SMALL, 1, DECODES, (), seed=10, device="cpu")
+    b = make_batch(SMALL, 1, DECODES, (), seed=10, device=device)
     run_step(b, group(b), decode)
     assert counts["topk"] == (2 if on else 6)  # one per index group vs one per layer
     assert memo.builds[yoco.DECODE_TOPK] == (2 if on else 0)
     assert memo.reuses[yoco.DECODE_TOPK] == (4 if on else 0)
 
 
-def test_decode_inputs_bit_identical(monkeypatch, recorded):
-    b = make_batch(SMALL, 1, DECODES, (), seed=11, device="cpu")
+def test_decode_inputs_bit_identical(monkeypatch, recorded, device):
+    b = make_batch(SMALL, 1, DECODES, (), seed=11, device=device)
     saved = b.layer.topk_indices_buffer.clone()
     run_step(b, group(b), decode)
     with_reuse = list(recorded)
@@ -290,18 +292,18 @@ def test_decode_inputs_bit_identical(monkeypatch, recorded):
     assert not torch.equal(with_reuse[3][2], with_reuse[4][2])
 
 
-def test_no_forward_context_builds_every_layer(counts, recorded, memo):
-    b = make_batch(SMALL, 1, DECODES, (), seed=12, device="cpu")
+def test_no_forward_context_builds_every_layer(counts, recorded, memo, device):
+    b = make_batch(SMALL, 1, DECODES, (), seed=12, device=device)
     for layer in group(b):
         decode(layer, b)
     assert counts["topk"] == len(LAYERS) and not memo.builds and not memo.reuses
 
 
-def test_new_step_invalidates(counts, recorded, memo):
+def test_new_step_invalidates(counts, recorded, memo, device):
     """Step 2 (new forward context, new metadata) starts at a consumer: it must not
     see step 1's slots."""
-    b1 = make_batch(SMALL, 1, DECODES, (), seed=13, device="cpu")
-    b2 = make_batch(SMALL, 1, DECODES, (), seed=14, device="cpu")
+    b1 = make_batch(SMALL, 1, DECODES, (), seed=13, device=device)
+    b2 = make_batch(SMALL, 1, DECODES, (), seed=14, device=device)
     run_step(b1, group(b1, ids=(20, 21)), decode)
     assert counts["topk"] == 1
     run_step(b2, group(b2, ids=(21, 22)), decode)  # same layer ids, new step
@@ -324,7 +326,7 @@ def test_new_step_invalidates(counts, recorded, memo):
 
 
 @pytest.mark.parametrize("producer", [True, False], ids=["with-source", "consumers-only"])
-def test_repeated_pass_same_objects_rebuilds(monkeypatch, counts, recorded, producer):
+def test_repeated_pass_same_objects_rebuilds(monkeypatch, counts, recorded, producer, device):
     """DSpark-like: a second decode pass under the same context and metadata objects,
     whose Top-K rows and validity were updated in place, never reads the first
     pass's slots."""
@@ -338,7 +340,7 @@ def test_repeated_pass_same_objects_rebuilds(monkeypatch, counts, recorded, prod
             for layer in group(b, ids=(20, 21, 22) if producer else (21, 22)):
                 decode(layer, b)
 
-    b = make_batch(SMALL, 1, DECODES, (), seed=15, device="cpu")
+    b = make_batch(SMALL, 1, DECODES, (), seed=15, device=device)
     saved = (b.layer.topk_indices_buffer.clone(), b.swa_md.is_valid_token.clone())
     two_passes(b)
     assert counts["topk"] == 2  # one per pass
@@ -352,9 +354,9 @@ def test_repeated_pass_same_objects_rebuilds(monkeypatch, counts, recorded, prod
     assert int(with_reuse[-1][3][0]) == 0  # the second pass saw the in-place update
 
 
-def test_decode_real_kernel_bit_identical(monkeypatch):
+def test_decode_real_kernel_bit_identical(monkeypatch, device):
     """The real decode kernel: index source + consumer, with and without reuse."""
-    b = make_batch(SMALL, 1, DECODES, (), seed=16, device="cpu")
+    b = make_batch(SMALL, 1, DECODES, (), seed=16, device=device)
     outs = {}
     for on in (True, False):
         monkeypatch.setenv(yoco.ENV_VAR, "1" if on else "0")
@@ -379,8 +381,9 @@ def test_prefill_counts_and_inputs(
     memo,
     chunk_size,
     chunks,
+    device,
 ):
-    b = make_batch(SMALL, 1, (), PREFILLS, seed=20, device="cpu", chunk_size=chunk_size)
+    b = make_batch(SMALL, 1, (), PREFILLS, seed=20, device=device, chunk_size=chunk_size)
     plans = plan_counter(monkeypatch, b)
     saved = b.layer.topk_indices_buffer.clone()
     run_step(b, group(b), prefill)
@@ -412,10 +415,11 @@ def test_prefill_plan_shared_across_ratios_only_within_a_ratio(
     counts,
     recorded,
     memo,
+    device,
 ):
     """SWA-only layers 0-1 share a plan, and their combined rows (no Top-K read);
     a compressed layer after them builds its own plan."""
-    b0 = make_batch(SMALL, 0, (), PREFILLS, seed=21, device="cpu")
+    b0 = make_batch(SMALL, 0, (), PREFILLS, seed=21, device=device)
     with override_forward_context(context(b0)):
         for layer in group(b0, ids=(0, 1)):
             prefill(layer, b0)
@@ -431,13 +435,13 @@ def test_prefill_plan_shared_across_ratios_only_within_a_ratio(
 
 
 @pytest.mark.usefixtures("workspace_manager")
-def test_prefill_real_kernel_bit_identical(monkeypatch):
+def test_prefill_real_kernel_bit_identical(monkeypatch, device):
     """The real prefill kernels (2 heads, to stay quick): index source + consumer. All three
     prefills (15 tokens): the relative-norm half of the budget is a statistic, and over the
     first two alone (12 tokens x 2 heads) it swung to 1.44x PyTorch-bf16's with every
     token's error at bf16 rounding level."""
     s = Shapes(heads=2)
-    b = make_batch(s, 1, (), PREFILLS, seed=22, device="cpu", chunk_size=4)
+    b = make_batch(s, 1, (), PREFILLS, seed=22, device=device, chunk_size=4)
     outs = {}
     for on in (True, False):
         monkeypatch.setenv(yoco.ENV_VAR, "1" if on else "0")
@@ -449,20 +453,20 @@ def test_prefill_real_kernel_bit_identical(monkeypatch):
     _check("prefill consumer with reuse", b, outs[True][1])
 
 
-def test_mixed_batch_through_forward_mqa(workspace_manager):  # noqa: F811
+def test_mixed_batch_through_forward_mqa(workspace_manager, device):  # noqa: F811
     """vLLM's forward_mqa (inherited) on a mixed batch, for an index source and a
     consumer, after the warm-up reservation with the workspace locked: both layers match
     the reference, and the consumer reused the decode slots, plan and index rows."""
-    b = make_batch(Shapes(heads=2), 1, DECODES, PREFILLS[:2], seed=23, device="cpu")
+    b = make_batch(Shapes(heads=2), 1, DECODES, PREFILLS[:2], seed=23, device=device)
     layers = group(b, ids=(20, 21))
-    out = nan_empty(*b.q.shape, device="cpu")
+    out = nan_empty(*b.q.shape, device=device)
     with override_forward_context(create_forward_context(None, CONFIG)):
         layers[0].forward_mqa(b.q, torch.empty(0), b.positions, out)  # warm-up (dummy) run
     assert not yoco.MEMO.builds  # nothing memoized on the dummy run
     workspace_manager.lock()
     with override_forward_context(context(b)):
         for layer in layers:
-            out = nan_empty(*b.q.shape, device="cpu")
+            out = nan_empty(*b.q.shape, device=device)
             layer.forward_mqa(b.q, torch.empty(0), b.positions, out)
             _check(f"forward_mqa layer {layer.layer_id}", b, out)
     for kind in (yoco.DECODE_TOPK, yoco.PREFILL_PLAN, yoco.PREFILL_INDICES):

@@ -12,6 +12,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -404,14 +405,64 @@ def test_vllm_triton_kernel_is_refused_on_sm80(vllm_and_our_ptx):
     assert error is not None and "fp8e4nv not supported" in error, vllm_and_our_ptx["vllm_sm80"]
 
 
+def rope_fmas(ptx: str) -> list[tuple[frozenset, tuple]]:
+    """The ``fma.rn.f32`` of a scalar RoPE kernel's PTX as (multiplied values, addend),
+    by symbolic evaluation: fp32 loads are named ``ld32_<k>`` and bf16 -> fp32 converts
+    ``bf16_<k>`` in program order; the addend is ``("mul", {a, b})`` or
+    ``("neg", ("mul", {a, b}))``."""
+    val: dict[str, object] = {}
+    counts = {"ld32": 0, "bf16": 0}
+    fmas = []
+
+    def name(kind: str) -> str:
+        counts[kind] += 1
+        return f"{kind}_{counts[kind] - 1}"
+
+    for line in ptx.splitlines():
+        if m := re.search(r"ld\.global\.b32 \{ (%r\d+) \}", line):
+            val[m[1]] = name("ld32")
+        elif m := re.search(r"cvt\.f32\.bf16\s+(%r\d+), %rs\d+", line):
+            val[m[1]] = name("bf16")
+        elif m := re.search(r"mul(?:\.rn)?\.f32\s+(%r\d+), (%r\d+), (%r\d+)", line):
+            val[m[1]] = ("mul", frozenset((val.get(m[2]), val.get(m[3]))))
+        elif m := re.search(r"neg\.f32\s+(%r\d+), (%r\d+)", line):
+            val[m[1]] = ("neg", val.get(m[2]))
+        elif m := re.search(r"fma\.rn\.f32\s+(%r\d+), (%r\d+), (%r\d+), (%r\d+)", line):
+            fmas.append((frozenset((val.get(m[2]), val.get(m[3]))), val.get(m[4])))
+    return fmas
+
+
 @pytest.mark.aot
 @pytest.mark.vllm
 def test_gpu_rope_contraction_is_what_contract_true_models(vllm_and_our_ptx):
-    """vLLM's kernel on an fp8 GPU (sm_90 PTX, one RoPE pair per thread) fuses each of
-    the pair's outputs into one ``fma.rn.f32``; ours issues the same FMAs explicitly."""
-    theirs = vllm_and_our_ptx["vllm_sm90"]["ptx"]
-    assert theirs.count("fma.rn.f32") == 2, "vLLM's RoPE contraction changed: re-check ref.py"
+    """vLLM's kernel on an fp8 GPU (sm_90 PTX, one RoPE pair per thread): which product
+    of each output is rounded first and which is fused, as ``rope/ref.py``'s
+    ``contract=True`` models it (and ``triton_rope.rotate`` / ``rotate_cos_first`` write):
+    even' = fma(e, cos, -(o * sin)), odd' = fma(e, sin, o * cos). Loads in program order:
+    cos, sin (fp32), then e, o (bf16)."""
+    cos, sin, e, o = "ld32_0", "ld32_1", "bf16_0", "bf16_1"
+    theirs = rope_fmas(vllm_and_our_ptx["vllm_sm90"]["ptx"])
+    assert theirs == [
+        (frozenset((e, cos)), ("neg", ("mul", frozenset((o, sin))))),
+        (frozenset((e, sin)), ("mul", frozenset((o, cos)))),
+    ], f"vLLM's RoPE contraction changed: re-check ops/rope/ref.py ({theirs})"
     assert vllm_and_our_ptx["ours_sm80"]["ptx"].count("fma.rn.f32") >= 2
+
+
+def test_rope_fmas_reads_both_contractions():
+    """The PTX reader tells the two contractions of ``o * cos + e * sin`` apart."""
+    head = (
+        "ld.global.b32 { %r1 }, [ %rd1 + 0 ];\nld.global.b32 { %r2 }, [ %rd2 + 0 ];\n"
+        "cvt.f32.bf16 %r3, %rs1;\ncvt.f32.bf16 %r4, %rs2;\n"
+    )
+    sin_first = head + "mul.f32 %r5, %r3, %r2;\nfma.rn.f32 %r6, %r4, %r1, %r5;\n"
+    cos_first = head + "mul.f32 %r5, %r4, %r1;\nfma.rn.f32 %r6, %r3, %r2, %r5;\n"
+    assert rope_fmas(sin_first) == [
+        (frozenset(("bf16_1", "ld32_0")), ("mul", frozenset(("bf16_0", "ld32_1"))))
+    ]
+    assert rope_fmas(cos_first) == [
+        (frozenset(("bf16_0", "ld32_1")), ("mul", frozenset(("bf16_1", "ld32_0"))))
+    ]
 
 
 # ------------------------------------------------------------------ GPU tier

@@ -15,8 +15,8 @@ path) step by step, in the same fp32 operations:
 
 Step 1 is computed two ways: ``contract=False`` rounds the products and the sum
 separately (PyTorch's ``forward_native``, and any kernel under Triton's CPU
-interpreter); ``contract=True`` rounds ``fma(x, cos, +/-(partner * sin))`` once, which is
-what vLLM's kernel compiles to on a GPU (``ops/rope``). Both are bit-exact models.
+interpreter); ``contract=True`` fuses one product of each output into an FMA the way
+vLLM's kernel compiles on a GPU (``ops/rope/ref.py``). Both are bit-exact models.
 """
 
 import torch

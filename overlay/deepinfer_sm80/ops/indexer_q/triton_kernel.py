@@ -19,7 +19,7 @@ from deepinfer_sm80.arch import kernel_config
 from deepinfer_sm80.kernel_spec import KernelSpec
 from deepinfer_sm80.ops._validate import check_tensor
 from deepinfer_sm80.ops.fp8.triton_fp8 import f32_to_e4m3
-from deepinfer_sm80.ops.rope.triton_rope import load_f32, rotate, round_to_bf16
+from deepinfer_sm80.ops.rope.triton_rope import load_f32, rotate, rotate_cos_first, round_to_bf16
 
 
 @triton.jit
@@ -62,7 +62,7 @@ def indexer_q_rope_quant_kernel(
     b_even, b_odd = tl.split(tl.reshape(b_rope, (BLOCK_H, HALF, 2)))
     # vLLM materializes the rotated values as bf16 before taking the amax.
     b_even_rot = round_to_bf16(rotate(b_even, b_odd, b_cos, -b_sin))
-    b_odd_rot = round_to_bf16(rotate(b_odd, b_even, b_cos, b_sin))
+    b_odd_rot = round_to_bf16(rotate_cos_first(b_odd, b_even, b_cos, b_sin))
     b_rope = tl.reshape(tl.join(b_even_rot, b_odd_rot), (BLOCK_H, ROPE_DIM))
 
     o_n = tl.arange(0, NOPE_BLOCK)

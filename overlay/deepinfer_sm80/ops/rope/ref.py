@@ -2,8 +2,13 @@
 
 ``rope_rows`` applies it (or its inverse) to the last ``rope_dim`` dims of each head in
 two bit-exact ways: ``contract=False`` rounds every product and sum (PyTorch, and any
-kernel under Triton's CPU interpreter); ``contract=True`` rounds
-``fma(x, cos, +/-(partner * sin))`` once, what vLLM's Triton kernels compile to on a GPU.
+kernel under Triton's CPU interpreter); ``contract=True`` rounds one product first and
+fuses the other into an FMA, as vLLM's Triton kernels compile on a GPU. Which product is
+rounded first is the compiler's choice, read in their sm_90 PTX (Triton 3.8):
+- the forward kernel (``fused_indexer_q``): ``e' = fma(e, cos, -(o * sin))`` but
+  ``o' = fma(e, sin, o * cos)``: in ``o * cos + e * sin`` the second product is fused;
+- the inverse kernel (``fused_inv_rope_fp8_quant``): both lanes ``fma(x, cos,
+  +/-(partner * sin))``.
 """
 
 import torch
@@ -37,16 +42,23 @@ def rotate_ref(
     cos: torch.Tensor,
     sin: torch.Tensor,
     contract: bool = False,
+    inverse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPT-J RoPE of fp32 pairs: ``(e*cos - o*sin, o*cos + e*sin)``; pass ``-sin`` to invert.
+    """GPT-J RoPE of fp32 pairs: ``(e*cos - o*sin, o*cos + e*sin)``; ``inverse`` with
+    ``-sin`` passed in undoes it.
 
     ``contract=False``: every product and sum rounded (PyTorch, Triton's interpreter).
-    ``contract=True``: ``fma(e, cos, -(o*sin))`` and ``fma(o, cos, e*sin)``, the product
-    with ``sin`` rounded first (vLLM's Triton kernels on a GPU).
+    ``contract=True``: vLLM's kernels on a GPU (see the module docstring): the even
+    output ``fma(e, cos, -(o*sin))``; the odd one ``fma(e, sin, o*cos)`` forward and
+    ``fma(o, cos, e*sin)`` inverse.
     """
-    if contract:
-        return fma_f32_ref(x_even, cos, -(x_odd * sin)), fma_f32_ref(x_odd, cos, x_even * sin)
-    return x_even * cos - x_odd * sin, x_odd * cos + x_even * sin
+    if not contract:
+        return x_even * cos - x_odd * sin, x_odd * cos + x_even * sin
+    even = fma_f32_ref(x_even, cos, -(x_odd * sin))
+    odd = (
+        fma_f32_ref(x_odd, cos, x_even * sin) if inverse else fma_f32_ref(x_even, sin, x_odd * cos)
+    )
+    return even, odd
 
 
 def rope_rows(
@@ -69,6 +81,6 @@ def rope_rows(
     if inverse:
         sin = -sin
     x_even, x_odd = x[..., nope::2], x[..., nope + 1 :: 2]
-    r_even, r_odd = rotate_ref(x_even, x_odd, cos, sin, contract)
+    r_even, r_odd = rotate_ref(x_even, x_odd, cos, sin, contract, inverse)
     rotated = torch.stack([r_even, r_odd], dim=-1).flatten(-2)
     return torch.cat([x[..., :nope], rotated], dim=-1)

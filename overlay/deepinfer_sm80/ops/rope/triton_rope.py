@@ -2,14 +2,19 @@
 
 Shared by the index-Q quantizer (forward RoPE) and the output projection's inverse RoPE.
 
-**Contraction.** vLLM 0.33.0's Triton kernels write RoPE as ``x * cos -/+ partner * sin``
-and let the compiler contract it. Triton 3.8 (the version vLLM 0.33.0 pins) turns both
-of its RoPE kernels into ``fma(x, cos, +/-(partner * sin))`` with the product
-``partner * sin`` rounded first (read in their sm_90 PTX). ``rotate`` writes that fused
-multiply-add explicitly, so the GPU result does not depend on what the compiler chooses
-to contract, and equals vLLM's bit for bit. Triton's CPU interpreter evaluates ``tl.fma``
-as a rounded product plus a rounded sum, which is exactly what vLLM's kernels and
-PyTorch compute there: ``ref.py`` models both (``contract=True`` / ``False``).
+**Contraction.** vLLM 0.33.0's Triton kernels write RoPE as sums of two products and
+let the compiler contract them; Triton 3.8 (the version vLLM 0.33.0 pins) rounds one
+product and fuses the other (read in their sm_90 PTX; the forward kernel's operands
+are checked on CPU by ``tests/ops/test_indexer_q.py``, the inverse kernel's FMA count by
+``test_inv_rope.py``, and both bit for bit against vLLM's kernels in the GPU tier):
+- the inverse kernel: both lanes ``fma(x, cos, +/-(partner * sin))``: ``rotate``;
+- the forward kernel (index Q): the even output the same, but the odd one,
+  ``o * cos + e * sin``, as ``fma(e, sin, o * cos)``: ``rotate_cos_first``.
+These helpers write those fused multiply-adds explicitly, so the GPU result does not
+depend on what the compiler chooses to contract, and equals vLLM's bit for bit. Triton's
+CPU interpreter evaluates ``tl.fma`` as a rounded product plus a rounded sum, which is
+exactly what vLLM's kernels and PyTorch compute there: ``ref.py`` models both
+(``contract=True`` / ``False``).
 
 **bf16 rounding.** Triton's interpreter truncates fp32 -> bf16 (and mishandles bf16
 subnormals), while GPUs and PyTorch round to nearest even. These helpers convert between
@@ -24,11 +29,18 @@ import triton.language as tl
 def rotate(x, partner, cos, sin_signed):
     """One RoPE output: ``fma(x, cos, partner * sin_signed)`` in fp32.
 
-    Forward RoPE of a pair (even, odd): even' = rotate(even, odd, cos, -sin),
-    odd' = rotate(odd, even, cos, sin). The inverse negates ``sin``. Negating a factor is
+    Forward RoPE of a pair (even, odd): even' = rotate(even, odd, cos, -sin); the
+    inverse negates ``sin``. Negating a factor is
     exact, so ``partner * -sin`` has the bits of ``-(partner * sin)``.
     """
     return tl.fma(x, cos, partner * sin_signed)
+
+
+@triton.jit
+def rotate_cos_first(x, partner, cos, sin_signed):
+    """One RoPE output with the other contraction: ``fma(partner, sin_signed, x * cos)``,
+    the product with ``cos`` rounded first (vLLM's forward kernel's odd output)."""
+    return tl.fma(partner, sin_signed, x * cos)
 
 
 @triton.jit

@@ -272,24 +272,28 @@ def test_report_flags_the_negative_control_and_passes_a_close_candidate(base):
 
 
 @pytest.mark.parametrize(
-    ("scales", "power", "smallest"),
+    ("scales", "result", "power"),
     [
-        ({"L24 1%": 1}, "flags L39 1%, L24 10%, L24 50%; not L24 1%", "it flags is L39 1%"),
-        ({"L24 1%": 1, "L39 1%": 1}, "flags L24 10%, L24 50%; not L24 1%, L39 1%",
-         "it flags is L24 10%"),
-        ({"L24 1%": 1, "L39 1%": 1, "L24 10%": 1}, "flags L24 50%; not L24 1%, L39 1%, L24 10%",
-         "it flags is L24 50%"),
-        ({"L24 1%": 1, "L39 1%": 1, "L24 10%": 1, "L24 50%": 1},
-         "not L24 1%, L39 1%, L24 10%, L24 50%", "flags none of the controls"),
+        ({"L24 1%": 1}, "PASS", "flags L39 1%, L24 10%, L24 50%; not L24 1%"),
+        ({"L24 1%": 1, "L39 1%": 1}, "PASS", "flags L24 10%, L24 50%; not L24 1%, L39 1%"),
+        ({"L24 1%": 1, "L39 1%": 1, "L24 10%": 1}, "PASS",
+         "flags L24 50%; not L24 1%, L39 1%, L24 10%"),
+        ({"L24 1%": 1, "L39 1%": 1, "L24 10%": 1, "L24 50%": 1}, "NO VERDICT",
+         "not L24 1%, L39 1%, L24 10%, L24 50%"),
     ],
 )  # fmt: skip
-def test_the_ladder_names_what_the_bound_resolves(base, scales, power, smallest):
+def test_the_ladder_names_what_the_bound_resolves(base, scales, result, power):
+    """A pass needs the bound to flag some control (the comparison can fail), not one in
+    particular; the resolving power says which it flags."""
     from benchmarks.e2e.run import report
 
     v = report(_close_record(base, scales), None, factor=2.0)["verdict"]
-    assert v["result"] == "NO VERDICT"
-    assert v["resolving_power"] == power
-    assert "L24 1% control is within the bound" in v["why"] and smallest in v["why"]
+    assert (v["result"], v["resolving_power"]) == (result, power)
+    flagged = power.split(";")[0].removeprefix("flags ")
+    if result == "PASS":
+        assert v["why"] == f"ours within the bound everywhere; the bound flags {flagged}"
+    else:
+        assert "the bound flags none of the controls" in v["why"]
 
 
 @pytest.mark.parametrize("mutant", [_scaled, _shifted_row, _one_prompt_wrong, _one_nan])
@@ -299,8 +303,9 @@ def test_a_mutant_candidate_is_never_passed(base, mutant):
     corr = _close_record(base)
     corr["runs"]["ours-graphs"] = {"sequential": _run(mutant(base)), "concurrent": _run(base)}
     assert report(corr, None, factor=2.0)["verdict"]["result"] == "FAIL"
-    corr["runs"].update(_ladder(base, {"L24 1%": 1.0}))  # the bound cannot resolve the control
-    assert report(corr, None, factor=2.0)["verdict"]["result"] == "NO VERDICT"
+    # Outside the bound is a failure whatever the controls show.
+    corr["runs"].update(_ladder(base, dict.fromkeys(("L24 1%", "L39 1%", "L24 10%", "L24 50%"), 1)))
+    assert report(corr, None, factor=2.0)["verdict"]["result"] == "FAIL"
 
 
 def test_a_record_without_the_ladder_reports_not_measured(base, tmp_path):
@@ -339,10 +344,15 @@ def test_no_verdict_without_a_flagged_negative_control_or_with_a_missing_run(bas
     }
     rep = report(corr, None, factor=2.0)
     assert rep["verdict"]["result"] == "NO VERDICT"
-    assert "L24 1% control is within the bound" in rep["verdict"]["why"]
-    del corr["runs"][CONTROLS[0].server]
+    assert "the bound flags none of the controls" in rep["verdict"]["why"]
+    for c in CONTROLS:
+        del corr["runs"][c.server]
     rep = report(corr, None, factor=2.0)
-    assert rep["verdict"]["result"] == "NO VERDICT" and "not measured" in rep["verdict"]["why"]
+    assert rep["verdict"]["result"] == "NO VERDICT"
+    assert "not measured: every negative control" in rep["verdict"]["why"]
+    del corr["runs"]["ours-graphs"]
+    rep = report(corr, None, factor=2.0)
+    assert rep["verdict"]["result"] == "NO VERDICT" and "not measured: [" in rep["verdict"]["why"]
 
 
 def test_a_candidate_outside_the_bound_fails(base):

@@ -91,7 +91,7 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     assert "OUTSIDE" in r.stdout and "WITHIN" in r.stdout
 
 
-def test_a_ladder_whose_smallest_control_hides_is_no_verdict(tmp_path):
+def test_a_ladder_whose_smallest_controls_hide_still_passes_and_says_so(tmp_path):
     model = _checkpoint(tmp_path / "smoke")
     _controls(tmp_path, {"L24 1%": 1.0, "L39 1%": 1.0})  # invisible; L24 10% is not
     out = tmp_path / "out"
@@ -99,9 +99,9 @@ def test_a_ladder_whose_smallest_control_hides_is_no_verdict(tmp_path):
              "--no-throughput", out=out)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     r = _run("report", out=out)
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     assert "resolving power: flags L24 10%, L24 50%; not L24 1%, L39 1%\n" in r.stdout
-    assert "verdict: NO VERDICT" in r.stdout and "smallest control it flags is L24 10%" in r.stdout
+    assert "verdict: PASS" in r.stdout and "the bound flags L24 10%, L24 50%" in r.stdout
 
 
 def test_correctness_refuses_missing_control_checkpoints(tmp_path):

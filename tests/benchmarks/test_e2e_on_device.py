@@ -74,8 +74,8 @@ def test_checkpoints_writes_the_base_and_every_control_from_the_one_table(tmp_pa
         for c in CONTROLS
     ]
     assert calls.read_text().splitlines() == want
-    assert CONTROLS[0].checkpoint == "smoke-perturbed"  # the verdict's control keeps its folder
-    assert {(c.layer, c.rel) for c in CONTROLS} == {(24, 0.01), (24, 0.1), (39, 0.01)}
+    assert CONTROLS[0].checkpoint == "smoke-perturbed"  # the 1% control keeps its folder
+    assert {(c.layer, c.rel) for c in CONTROLS} == {(24, 0.01), (24, 0.1), (24, 0.5), (39, 0.01)}
 
 
 def test_checkpoints_base_writes_the_smoke_checkpoint_alone(tmp_path):
@@ -121,3 +121,19 @@ def test_collect_lists_each_tests_outcome_from_a_run_cut_short(tmp_path):
     listing = subprocess.run(["tar", "tzf", str(dest / "e2e-results.tar.gz")],
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "./tests.outcomes" in listing.split()
+
+
+def test_wait_with_a_destination_brings_back_the_run_so_far(tmp_path):
+    """A lent machine can be taken back between calls: each wait with DEST collects."""
+    out = tmp_path / "home" / "out"
+    out.mkdir(parents=True)
+    (out / "tests.log").write_text("tests/ops/test_a.py::test_one FAILED [ 50%]\n")
+    dest = tmp_path / "dest"  # created by the script
+    run = _run(tmp_path, "wait", "tests", "0", str(dest))
+    assert run.returncode == 0, run.stderr
+    assert "tests still running" in run.stdout
+    listing = subprocess.run(["tar", "tzf", str(dest / "e2e-results.tar.gz")],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert {"./tests.outcomes", "./tests.log.tail"} <= set(listing.split())
+    run = _run(tmp_path, "wait", "tests", "0")  # without DEST nothing is written
+    assert run.returncode == 0 and "e2e-results" not in run.stdout

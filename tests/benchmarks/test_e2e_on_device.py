@@ -124,7 +124,7 @@ def test_collect_lists_each_tests_outcome_from_a_run_cut_short(tmp_path):
 
 
 def test_wait_with_a_destination_brings_back_the_run_so_far(tmp_path):
-    """A lent machine can be taken back between calls: each wait with DEST collects."""
+    """A remote GPU machine can go away between calls: each wait with DEST collects."""
     out = tmp_path / "home" / "out"
     out.mkdir(parents=True)
     (out / "tests.log").write_text("tests/ops/test_a.py::test_one FAILED [ 50%]\n")

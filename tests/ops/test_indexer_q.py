@@ -449,6 +449,25 @@ def test_gpu_rope_contraction_is_what_contract_true_models(vllm_and_our_ptx):
     assert vllm_and_our_ptx["ours_sm80"]["ptx"].count("fma.rn.f32") >= 2
 
 
+def test_contract_model_reproduces_the_bytes_vllm_differed_in_on_a_gpu(monkeypatch):
+    """On an H200, vLLM's kernel differed from the sin-first model of the odd output in
+    exactly two bytes of this case (benchmarks/results/NVIDIA_H200.gpu_tier_failures_rerun.log).
+    The model ``contract=True`` uses must move exactly those bytes, and no weight."""
+    from deepinfer_sm80.ops.rope import ref as rope_ref
+
+    args = make_case(2048, 64, seed=1)
+    model_bytes, model_w, _ = indexer_q_rope_quant_ref(*args, contract=True)
+
+    def sin_first(e, o, cos, sin, contract=False, inverse=False):
+        return fma_f32_ref(e, cos, -(o * sin)), fma_f32_ref(o, cos, e * sin)
+
+    monkeypatch.setattr(rope_ref, "rotate_ref", sin_first)
+    other_bytes, other_w, _ = indexer_q_rope_quant_ref(*args, contract=True)
+    moved = (model_bytes.view(torch.uint8) != other_bytes.view(torch.uint8)).nonzero().tolist()
+    assert moved == [[720, 47, 117], [1415, 35, 127]]
+    assert torch.equal(model_w, other_w)
+
+
 def test_rope_fmas_reads_both_contractions():
     """The PTX reader tells the two contractions of ``o * cos + e * sin`` apart."""
     head = (

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 DEFAULT_FACTOR = 2.0
 # The pooled mean's factor. On the conditioned smoke checkpoint (H200, 267,425 positions)
-# the stock path's four variations pooled 0.01926-0.01954 nats: 1.1 leaves about six
+# the stock path's four variations pooled 0.01926-0.01954 nats: 1.1 leaves about seven
 # times that spread.
 AGGREGATE_FACTOR = 1.1
 # Bounds never go below these (nats): a bit-identical stock path gives no scale of its own.

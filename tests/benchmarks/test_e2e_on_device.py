@@ -53,6 +53,20 @@ def test_tests_runs_the_gpu_tier_with_the_stack_on_pythonpath_detached(tmp_path)
     assert f"pythonpath: {site}:{ROOT / 'overlay'}:{ROOT}:{tmp_path / 'home' / 'meta'}" in log
 
 
+def test_tests_with_paths_collects_those_files_alone(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "make").write_text('#!/bin/sh\necho "args: $*"\n')
+    (fake / "make").chmod(0o755)
+    run = _run(tmp_path, "tests", "tests/ops/test_gpu_oracles.py", "tests/ops/test_indexer_q.py",
+               path_prefix=str(fake))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    out = tmp_path / "home" / "out"
+    assert _wait_done(out / "tests.done") == "0"
+    args = (out / "tests.log").read_text()
+    assert "tests.xml tests/ops/test_gpu_oracles.py tests/ops/test_indexer_q.py\n" in args
+
+
 def test_checkpoints_writes_the_base_and_every_control_from_the_one_table(tmp_path):
     from benchmarks.e2e.run import CONTROLS
 

@@ -56,8 +56,13 @@ class Control:
     port: int
 
     @property
+    def key(self) -> str:
+        """What ``--controls`` names it by, e.g. ``L24-50pct``."""
+        return f"L{self.layer}-{self.rel * 100:g}pct"
+
+    @property
     def server(self) -> str:
-        return f"control-L{self.layer}-{self.rel * 100:g}pct"
+        return f"control-{self.key}"
 
     @property
     def comparison(self) -> str:
@@ -148,8 +153,38 @@ def probe_server(s: Server, prompts: dict, schedules: tuple[str, ...]) -> dict:
     return out
 
 
+TTFT_LENGTHS = (8192, 32768)
+TTFT_REPS = 3
+
+
+def fresh_prompts(prompts: dict, lengths=TTFT_LENGTHS, reps: int = TTFT_REPS) -> dict:
+    """``{length: [ids, ...]}``: TTFT prompts that no prefix-cache block of the server can
+    serve. vLLM chains each block's hash to the one before it, so two prompts share cached
+    blocks only if their first blocks are equal; each prompt here starts with a token that
+    no probe prompt and no other TTFT prompt starts with, then follows the longest probe
+    prompt rotated (ordinary tokens, the same attention pattern)."""
+    base = max(prompts.values(), key=len)
+    taken = {ids[0] for ids in prompts.values()}
+    firsts = [t for t in sorted(set(base)) if t not in taken]
+    if len(firsts) < len(lengths) * reps:
+        raise ValueError(
+            f"fresh TTFT prompts need {len(lengths) * reps} first tokens that no probe prompt "
+            f"starts with; the prompts leave {len(firsts)}: use a larger vocabulary"
+        )
+    out: dict[int, list[list[int]]] = {}
+    for n in lengths:
+        out[n] = []
+        for _ in range(reps):
+            k = sum(map(len, out.values()))
+            ids = [base[(i + 7919 * (k + 1)) % len(base)] for i in range(n)]
+            ids[0] = firsts[k]
+            out[n].append(ids)
+    return out
+
+
 def throughput(s: Server, prompts: dict) -> dict:
-    """TTFT at 8K/32K and decode tokens/s at concurrency 1 and 16 (spec decode off)."""
+    """TTFT at 8K/32K (fresh prompts: no prefix-cache hit) and decode tokens/s at
+    concurrency 1 and 16 (spec decode off)."""
     model = s.served_model_name
     base = max(prompts.values(), key=len)
 
@@ -162,12 +197,8 @@ def throughput(s: Server, prompts: dict) -> dict:
         return s.client.stream("/v1/completions", body)
 
     out: dict = {}
-    for n in (8192, 32768):
-        ttfts = []
-        for rep in range(3):
-            ids = [base[(i + 7919 * rep) % len(base)] for i in range(n)]  # fresh: no prefix hit
-            ids[0] = base[rep]
-            ttfts.append(stream(ids, 1).ttft_s)
+    for n, fresh in fresh_prompts(prompts).items():
+        ttfts = [stream(ids, 1).ttft_s for ids in fresh]
         out[f"ttft_{n // 1024}k_s"] = {"median": statistics.median(ttfts), "samples": ttfts}
     for conc in (1, 16):
         prompts_c = [[base[(1000 * i + j) % len(base)] for j in range(512)] for i in range(conc)]
@@ -195,6 +226,12 @@ SERVERS_PER_WAVE = 3
 WAVES = ("eager", "controls", "graphs")  # correctness's waves, by name (--waves)
 
 
+def selected_controls(args) -> list[Control]:
+    """The controls ``--controls`` names (all of ``CONTROLS`` by default), ladder order."""
+    keys = getattr(args, "controls", None)
+    return [c for c in CONTROLS if keys is None or c.key in keys]
+
+
 def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
     """Waves of at most ``args.servers_per_wave`` servers: the eager servers with the first
     control, then the other controls, then the CUDA-graph servers and the chunked-prefill
@@ -206,7 +243,7 @@ def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
     controls = [
         (ServerSpec(c.server, "stock", str(args.controls_dir / c.checkpoint), c.port, **same),
          ("sequential",))
-        for c in CONTROLS
+        for c in selected_controls(args)
         if "eager" in args.waves
     ]  # fmt: skip
     eager = [
@@ -232,8 +269,8 @@ def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
     }
     if max(map(len, waves.values())) > per_wave:
         raise ValueError(
-            f"{len(CONTROLS)} controls do not fit the waves of {per_wave} servers: "
-            "shorten CONTROLS or add a wave"
+            f"{len(controls)} controls do not fit the waves of {per_wave} servers: "
+            "name fewer with --controls or add a wave"
         )
     return [waves[name] for name in WAVES if name in args.waves and waves[name]]
 
@@ -482,6 +519,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--waves", nargs="+", choices=WAVES, default=list(WAVES), help="correctness's waves to run"
     )
+    p.add_argument(
+        "--controls",
+        nargs="+",
+        choices=[c.key for c in CONTROLS],
+        help="the negative controls to serve (default: all); the others are not measured",
+    )
     p.add_argument("--max-len", type=int, default=None, help="leave out longer prompts")
     p.add_argument("--no-throughput", dest="throughput", action="store_false")
     p.add_argument("--stagger-s", type=float, default=3.0, help="pause between server starts")
@@ -495,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--factor", type=float, default=agreement.DEFAULT_FACTOR)
     args = p.parse_args(argv)
     if args.phase == "controls":
-        for c in CONTROLS:
+        for c in selected_controls(args):
             print(c.checkpoint, c.layer, c.rel)
         return 0
     if args.out is None:
@@ -532,7 +575,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--waves controls needs the eager wave: the controls are compared with stock eager")
     if args.phase == "correctness" and "eager" in args.waves:  # the controls run in that wave
         args.controls_dir = args.controls_dir or Path(args.model).resolve().parent
-        absent = [c.checkpoint for c in CONTROLS if not (args.controls_dir / c.checkpoint).is_dir()]
+        absent = [
+            c.checkpoint
+            for c in selected_controls(args)
+            if not (args.controls_dir / c.checkpoint).is_dir()
+        ]
         if absent:
             p.error(f"control checkpoints missing in {args.controls_dir}: {absent}")
     fn = phase_correctness if args.phase == "correctness" else phase_speculative

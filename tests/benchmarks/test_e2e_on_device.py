@@ -151,3 +151,26 @@ def test_wait_with_a_destination_brings_back_the_run_so_far(tmp_path):
     assert {"./tests.outcomes", "./tests.log.tail"} <= set(listing.split())
     run = _run(tmp_path, "wait", "tests", "0")  # without DEST nothing is written
     assert run.returncode == 0 and "e2e-results" not in run.stdout
+
+
+def test_checkpoints_with_keys_writes_the_base_and_those_controls(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "python3").write_text(
+        f'#!/bin/sh\nif [ "$2" = benchmarks.e2e ]; then exec {sys.executable} "$@"; fi\n'
+        f'echo "$*" >> {calls}; mkdir -p "$3"\n'
+    )
+    (fake / "python3").chmod(0o755)
+    run = _run(tmp_path, "checkpoints", "L24-50pct", "L39-1pct", path_prefix=str(fake))
+    assert run.returncode == 0, run.stderr
+    home = tmp_path / "home"
+    assert calls.read_text().splitlines() == [
+        f"-m deepinfer_sm80.smoke_model {home}/smoke --seed 0",
+        f"-m deepinfer_sm80.smoke_model {home}/smoke-perturbed-L39-1pct --seed 0 "
+        "--perturb-layer 39 --perturb-rel 0.01",
+        f"-m deepinfer_sm80.smoke_model {home}/smoke-perturbed-L24-50pct --seed 0 "
+        "--perturb-layer 24 --perturb-rel 0.5",
+    ]
+    bad = _run(tmp_path, "checkpoints", "L24-2pct", path_prefix=str(fake))
+    assert bad.returncode != 0 and "L24-2pct" in bad.stderr

@@ -210,3 +210,58 @@ def test_each_finished_wave_is_saved_before_the_next_starts(tmp_path, monkeypatc
     assert len(waves_seen) == 2
     assert set(saved["runs"]) == {n for w in waves_seen for n in w}
     assert "ours-graphs" not in saved["runs"]
+
+
+def test_controls_names_which_controls_run_and_which_checkpoints_are_needed(tmp_path, monkeypatch):
+    """--controls L24-50pct: that control alone takes the eager wave's free place; only its
+    checkpoint must exist; the report says the others are not measured."""
+    args = argparse.Namespace(model="m", util=0.15, controls_dir=tmp_path,
+                              waves=["eager", "graphs"], servers_per_wave=3,
+                              controls=["L24-50pct"])  # fmt: skip
+    waves = [[spec.name for spec, _ in wave] for wave in run.correctness_waves(args)]
+    assert waves == [
+        ["stock-eager", "ours-eager", "control-L24-50pct"],
+        ["stock-graphs", "ours-graphs", "stock-eager-chunk2048"],
+    ]
+    ran = []
+    monkeypatch.setattr(run, "phase_correctness", lambda a: ran.append(a.controls) or {})
+    model = tmp_path / "smoke"
+    model.mkdir()
+    common = ["correctness", "--model", str(model), "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit):  # its checkpoint is missing
+        run.main([*common, "--controls", "L24-50pct"])
+    (tmp_path / "smoke-perturbed-L24-50pct").mkdir()
+    assert run.main([*common, "--controls", "L24-50pct"]) == 0
+    assert ran == [["L24-50pct"]]
+    with pytest.raises(SystemExit):
+        run.main([*common, "--controls", "L24-2pct"])
+    assert run.resolving_power({}) == "not measured L24 1%, L39 1%, L24 10%, L24 50%"
+
+
+def test_ttft_prompts_share_no_prefix_cache_block_with_any_other_prompt():
+    """vLLM's prefix cache serves a prompt's blocks only when its first block equals a
+    cached one (hashes chain from the first block). A TTFT prompt whose start matched a
+    probe prompt, or another TTFT prompt, would time a cache hit: the 32K-token prompts
+    once started with the longest probe prompt, and with the 8K ones."""
+    from benchmarks.e2e.prompts import make_prompts
+
+    prompts = make_prompts(list(range(3, 384)), seed=0)  # the smoke vocabulary's ordinary ids
+    fresh = run.fresh_prompts(prompts)
+    assert {n: len(v) for n, v in fresh.items()} == {8192: 3, 32768: 3}
+    assert all(len(ids) == n for n, v in fresh.items() for ids in v)
+    timed = [ids for v in fresh.values() for ids in v]
+    starts = [ids[:16] for ids in timed] + [ids[:16] for ids in prompts.values()]
+    assert len(set(map(tuple, starts))) == len(starts)
+    assert len({ids[0] for ids in timed} | {ids[0] for ids in prompts.values()}) == len(starts)
+
+    def old_formula(n, rep):  # the formula that timed cache hits: must fail the same check
+        base = max(prompts.values(), key=len)
+        ids = [base[(i + 7919 * rep) % len(base)] for i in range(n)]
+        ids[0] = base[rep]
+        return ids
+
+    old = [old_formula(n, rep) for n in (8192, 32768) for rep in range(3)]
+    old_starts = [ids[:16] for ids in old] + [ids[:16] for ids in prompts.values()]
+    assert len(set(map(tuple, old_starts))) < len(old_starts)
+    with pytest.raises(ValueError, match="larger vocabulary"):
+        run.fresh_prompts({"a": [1, 2, 3], "b": [2, 1]})

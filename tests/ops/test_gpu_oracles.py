@@ -1972,6 +1972,8 @@ def rehearsal(monkeypatch):
     gates pass. Everything else is the GPU test as written, ours included (Triton under
     the interpreter), so only the launch of vLLM's kernels is left to the GPU."""
     module = sys.modules[__name__]
+    # The stand-ins are not the oracles: their figures must not join the published record.
+    monkeypatch.delenv(ORACLE_RECORD_ENV, raising=False)
     flashmla = FlashMLAOnCPU(compute=True)
     monkeypatch.setattr(module, "flashmla_on_gpu", lambda: flashmla_interface_on_cpu(flashmla))
     dg = importlib.import_module("vllm.utils.deep_gemm")
@@ -1987,6 +1989,23 @@ def rehearsal(monkeypatch):
     cu = importlib.import_module(f"{_V41_OPS}.cache_utils")
     monkeypatch.setattr(cu, "has_cutedsl", lambda: False)  # its Triton gather on CPU
     return types.SimpleNamespace(flashmla=flashmla, deepgemm=deepgemm)
+
+
+@pytest.fixture
+def named_record_file(tmp_path, monkeypatch):
+    """The record file named, as the GPU tier names it (set before ``rehearsal`` runs)."""
+    path = tmp_path / "oracle.jsonl"
+    monkeypatch.setenv(ORACLE_RECORD_ENV, str(path))
+    return path
+
+
+def test_rehearsals_write_no_oracle_record(device, named_record_file, rehearsal):
+    """A rehearsal's figures come from CPU stand-ins, not from vLLM's kernels: with the
+    record file named, a rehearsal must not add to it (the published oracle figures are
+    read from that file)."""
+    test_sparse_mla_decode_equals_flashmla(device, "rehearsal", 8, 0)
+    assert rehearsal.flashmla.calls  # the rehearsal did run the comparison
+    assert not named_record_file.exists()
 
 
 @pytest.mark.parametrize("heads,ratio", [(8, 0), (16, 2), (64, 1)])

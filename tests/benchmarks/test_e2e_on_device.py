@@ -67,18 +67,24 @@ def test_tests_with_paths_collects_those_files_alone(tmp_path):
     assert "tests.xml tests/ops/test_gpu_oracles.py tests/ops/test_indexer_q.py\n" in args
 
 
-def test_checkpoints_writes_the_base_and_every_control_from_the_one_table(tmp_path):
-    from benchmarks.e2e.run import CONTROLS
-
+def _recording_python3(tmp_path):
+    """A python3 on PATH: the real one for the controls' listing (``-m benchmarks.e2e``), a
+    recorder of its arguments for smoke_model. Returns (its folder, the record file)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     calls = tmp_path / "calls"
-    # python3: the real one for the controls' listing, a recorder for smoke_model.
     (fake / "python3").write_text(
         f'#!/bin/sh\nif [ "$2" = benchmarks.e2e ]; then exec {sys.executable} "$@"; fi\n'
         f'echo "$*" >> {calls}; mkdir -p "$3"\n'
     )
     (fake / "python3").chmod(0o755)
+    return fake, calls
+
+
+def test_checkpoints_writes_the_base_and_every_control_from_the_one_table(tmp_path):
+    from benchmarks.e2e.run import CONTROLS
+
+    fake, calls = _recording_python3(tmp_path)
     run = _run(tmp_path, "checkpoints", path_prefix=str(fake))
     assert run.returncode == 0, run.stderr
     home = tmp_path / "home"
@@ -93,14 +99,7 @@ def test_checkpoints_writes_the_base_and_every_control_from_the_one_table(tmp_pa
 
 
 def test_checkpoints_base_writes_the_smoke_checkpoint_alone(tmp_path):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    calls = tmp_path / "calls"
-    (fake / "python3").write_text(
-        f'#!/bin/sh\nif [ "$2" = benchmarks.e2e ]; then exec {sys.executable} "$@"; fi\n'
-        f'echo "$*" >> {calls}; mkdir -p "$3"\n'
-    )
-    (fake / "python3").chmod(0o755)
+    fake, calls = _recording_python3(tmp_path)
     run = _run(tmp_path, "checkpoints", "base", path_prefix=str(fake))
     assert run.returncode == 0, run.stderr
     home = tmp_path / "home"
@@ -154,14 +153,7 @@ def test_wait_with_a_destination_brings_back_the_run_so_far(tmp_path):
 
 
 def test_checkpoints_with_keys_writes_the_base_and_those_controls(tmp_path):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    calls = tmp_path / "calls"
-    (fake / "python3").write_text(
-        f'#!/bin/sh\nif [ "$2" = benchmarks.e2e ]; then exec {sys.executable} "$@"; fi\n'
-        f'echo "$*" >> {calls}; mkdir -p "$3"\n'
-    )
-    (fake / "python3").chmod(0o755)
+    fake, calls = _recording_python3(tmp_path)
     run = _run(tmp_path, "checkpoints", "L24-50pct", "L39-1pct", path_prefix=str(fake))
     assert run.returncode == 0, run.stderr
     home = tmp_path / "home"

@@ -171,14 +171,11 @@ def fresh_prompts(prompts: dict, lengths=TTFT_LENGTHS, reps: int = TTFT_REPS) ->
             f"fresh TTFT prompts need {len(lengths) * reps} first tokens that no probe prompt "
             f"starts with; the prompts leave {len(firsts)}: use a larger vocabulary"
         )
-    out: dict[int, list[list[int]]] = {}
-    for n in lengths:
-        out[n] = []
-        for _ in range(reps):
-            k = sum(map(len, out.values()))
-            ids = [base[(i + 7919 * (k + 1)) % len(base)] for i in range(n)]
-            ids[0] = firsts[k]
-            out[n].append(ids)
+    out: dict[int, list[list[int]]] = {n: [] for n in lengths}
+    for k, n in enumerate(n for n in lengths for _ in range(reps)):
+        ids = [base[(i + 7919 * (k + 1)) % len(base)] for i in range(n)]
+        ids[0] = firsts[k]
+        out[n].append(ids)
     return out
 
 

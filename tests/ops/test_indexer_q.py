@@ -451,7 +451,8 @@ def test_gpu_rope_contraction_is_what_contract_true_models(vllm_and_our_ptx):
 
 def test_contract_model_reproduces_the_bytes_vllm_differed_in_on_a_gpu(monkeypatch):
     """On an H200, vLLM's kernel differed from the sin-first model of the odd output in
-    exactly two bytes of this case (benchmarks/results/NVIDIA_H200.gpu_tier_failures_rerun.log).
+    exactly two bytes of this case
+    (benchmarks/results/NVIDIA_H200.gpu_tier_indexer_q_and_yoco_failures.log).
     The model ``contract=True`` uses must move exactly those bytes, and no weight."""
     from deepinfer_sm80.ops.rope import ref as rope_ref
 

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.e2e import agreement, probes
+from benchmarks.e2e import agreement, probes, record
 from benchmarks.e2e.prompts import make_prompts, ordinary_token_ids
 from benchmarks.e2e.servers import Server, ServerSpec
 from benchmarks.serving.metrics import Snapshot, spec_decode_delta
@@ -230,6 +230,11 @@ def selected_controls(args) -> list[Control]:
 
 
 def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
+    """``named_correctness_waves`` without the names."""
+    return [wave for _, wave in named_correctness_waves(args)]
+
+
+def named_correctness_waves(args) -> list[tuple[str, list[tuple[ServerSpec, tuple[str, ...]]]]]:
     """Waves of at most ``args.servers_per_wave`` servers: the eager servers with the first
     control, then the other controls, then the CUDA-graph servers and the chunked-prefill
     variation. Each control is compared with stock eager one request at a time, whose
@@ -269,7 +274,7 @@ def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
             f"{len(controls)} controls do not fit the waves of {per_wave} servers: "
             "name fewer with --controls or add a wave"
         )
-    return [waves[name] for name in WAVES if name in args.waves and waves[name]]
+    return [(name, waves[name]) for name in WAVES if name in args.waves and waves[name]]
 
 
 def run_wave(args, wave, prompts: dict, result: dict, servers: list[Server]) -> list[Server]:
@@ -302,13 +307,25 @@ def save_partial(args, result: dict) -> None:
     log(f"record saved: {sorted(result['runs'])}")
 
 
+def save_wave(args, name: str, wave, result: dict) -> None:
+    """The wave's servers as ``wave-<name>.npz`` (``record.py``): small enough to copy off
+    a GPU machine, and mergeable with other waves' files by ``report --records``. A failure
+    here is logged: ``correctness.json`` still holds the wave."""
+    path = args.out / f"wave-{name}.npz"
+    try:
+        n = record.write(path, result, [spec.name for spec, _ in wave])
+        log(f"wave {name}: {path.name}, {record.size_mib(n)}")
+    except Exception as exc:  # noqa: BLE001 -- the JSON record is the fallback
+        log(f"wave {name}: {path.name} NOT written: {exc!r}")
+
+
 def phase_correctness(args) -> dict:
     prompts = load_prompts(args.model, args.max_len)
     log(f"{len(prompts)} prompts, {sum(map(len, prompts.values()))} tokens")
     result: dict = {"phase": "correctness", "environment": environment(), "runs": {},
                     "servers": {}, "throughput": {}}  # fmt: skip
-    *earlier, last = correctness_waves(args)
-    for wave in earlier:
+    *earlier, (last_name, last) = named_correctness_waves(args)
+    for name, wave in earlier:
         servers: list[Server] = []
         try:
             run_wave(args, wave, prompts, result, servers)
@@ -316,10 +333,12 @@ def phase_correctness(args) -> dict:
             for s in servers:
                 s.stop()
         save_partial(args, result)
+        save_wave(args, name, wave, result)
     servers = []
     try:
         run_wave(args, last, prompts, result, servers)
         save_partial(args, result)
+        save_wave(args, last_name, last, result)
         timed = [s for s in servers if s.spec.name in ("stock-graphs", "ours-graphs")]
         for s in servers:
             if s not in timed:
@@ -331,6 +350,8 @@ def phase_correctness(args) -> dict:
                     log(f"{s.spec.name}: throughput {result['throughput'][s.spec.name]}")
                 except Exception as exc:  # noqa: BLE001
                     result["throughput"][s.spec.name] = {"error": repr(exc)}
+        if timed and args.throughput:
+            save_wave(args, last_name, last, result)  # now with the throughput
     finally:
         for s in servers:
             s.stop()
@@ -442,6 +463,7 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
         out["speculative"] = spec_eq
         out["health"] = speculative.get("health")
     out["verdict"] = overall_verdict(out["comparisons"])
+    out["records"] = correctness.get("merged_from")
     return out
 
 
@@ -512,6 +534,13 @@ def main(argv: list[str] | None = None) -> int:
         help="folder holding the controls' checkpoints (default: the model's parent)",
     )
     p.add_argument("--out", type=Path, help="folder for logs and records")
+    p.add_argument(
+        "--records",
+        type=Path,
+        nargs="+",
+        help="report: the correctness records to merge, correctness.json or wave-*.npz files "
+        "(default: OUT/correctness.json)",
+    )
     p.add_argument("--util", type=float, default=0.15, help="GPU memory share per server")
     p.add_argument(
         "--waves", nargs="+", choices=WAVES, default=list(WAVES), help="correctness's waves to run"
@@ -542,7 +571,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--out is required for {args.phase}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase == "report":
-        corr = json.loads((args.out / "correctness.json").read_text())
+        paths = args.records or [args.out / "correctness.json"]
+        try:
+            corr = record.merge([(str(p), record.load(p)) for p in paths])
+        except (OSError, ValueError) as exc:
+            p.error(f"--records: {exc}")
         spec_path = args.out / "speculative.json"
         spec = json.loads(spec_path.read_text()) if spec_path.exists() else None
         rep = report(corr, spec, args.factor)

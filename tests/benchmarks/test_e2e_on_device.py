@@ -166,3 +166,27 @@ def test_checkpoints_with_keys_writes_the_base_and_those_controls(tmp_path):
     ]
     bad = _run(tmp_path, "checkpoints", "L24-2pct", path_prefix=str(fake))
     assert bad.returncode != 0 and "L24-2pct" in bad.stderr
+
+
+def test_collect_brings_each_wave_record_as_its_own_file(tmp_path):
+    """The wave records (a few MB each) come back beside the tarball, not inside it, and
+    the JSON record (about 90 MB for a full run) stays on the machine."""
+    out = tmp_path / "home" / "out"
+    out.mkdir(parents=True)
+    for name in ("wave-eager.npz", "wave-graphs.npz", "correctness.json"):
+        (out / name).write_bytes(b"x")
+    dest = tmp_path / "dest"
+    fake = tmp_path / "bin"  # `report` is not what this checks: a python3 that does nothing
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "python3").chmod(0o755)
+    run = _run(tmp_path, "collect", str(dest), path_prefix=str(fake))
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "e2e-results.tar.gz",
+        "wave-eager.npz",
+        "wave-graphs.npz",
+    ]
+    listing = subprocess.run(["tar", "tzf", str(dest / "e2e-results.tar.gz")],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert not [n for n in listing.split() if n.endswith((".npz", "correctness.json"))]

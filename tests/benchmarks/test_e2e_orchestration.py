@@ -265,3 +265,36 @@ def test_ttft_prompts_share_no_prefix_cache_block_with_any_other_prompt():
     assert len(set(map(tuple, old_starts))) < len(old_starts)
     with pytest.raises(ValueError, match="larger vocabulary"):
         run.fresh_prompts({"a": [1, 2, 3], "b": [2, 1]})
+
+
+def test_wave_files_merged_give_the_report_of_the_whole_record(tmp_path):
+    """Each wave also leaves wave-<name>.npz; `report --records` over those files (as if
+    copied off two machines) says what `report` over correctness.json says."""
+    model = _checkpoint(tmp_path / "smoke")
+    _controls(tmp_path, {})
+    out = tmp_path / "out"
+    r = _run("correctness", "--model", model, "--max-len", "100", "--stagger-s", "0",
+             "--waves", "eager", "graphs", "--controls", "L24-50pct", out=out)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in out.glob("wave-*.npz")) == ["wave-eager.npz", "wave-graphs.npz"]
+    whole = _run("report", out=out)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    rep_whole = json.loads((out / "report.json").read_text())
+    elsewhere = tmp_path / "copied"
+    elsewhere.mkdir()
+    for name in ("wave-graphs.npz", "wave-eager.npz"):
+        shutil.copy(out / name, elsewhere / name)
+    merged = _run("report", "--records", str(elsewhere / "wave-eager.npz"),
+                  str(elsewhere / "wave-graphs.npz"), out=elsewhere)  # fmt: skip
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    rep = json.loads((elsewhere / "report.json").read_text())
+    assert rep["comparisons"] == rep_whole["comparisons"] and rep["bound"] == rep_whole["bound"]
+    assert rep["verdict"]["result"] == "PASS"
+    assert [Path(m["record"]).name for m in rep["records"]] == ["wave-eager.npz", "wave-graphs.npz"]
+    # One wave alone cannot pass: the CUDA-graph comparisons are not measured.
+    alone = _run("report", "--records", str(elsewhere / "wave-eager.npz"), out=elsewhere)
+    assert alone.returncode == 1 and "CUDA graphs, batch 1: not measured" in alone.stdout
+    # The same wave twice is refused, naming the server.
+    twice = _run("report", "--records", str(elsewhere / "wave-eager.npz"),
+                 str(out / "wave-eager.npz"), out=elsewhere)  # fmt: skip
+    assert twice.returncode == 2 and "'control-L24-50pct' is in both" in twice.stderr

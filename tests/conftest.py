@@ -42,12 +42,19 @@ def device() -> torch.device:
     return torch.device("cuda" if ON_GPU else "cpu")
 
 
+def gpu_marked(item) -> bool:
+    """Marked ``gpu`` (itself, its class or its module). Not ``"gpu" in item.keywords``:
+    keywords also hold parameter ids and node names, so a case parametrized with the
+    value ``"gpu"`` would count."""
+    return item.get_closest_marker("gpu") is not None
+
+
 def runs_on_the_device(item) -> bool:
     """A test the GPU tier runs: ``gpu``-marked, or taking the ``device`` fixture. Every
     other test belongs to the CPU tiers: it builds CPU tensors for the Triton interpreter
     (vLLM's Triton kernels as oracles among them) or needs nothing of a GPU, and ``make
     test`` runs it."""
-    return "gpu" in item.keywords or "device" in getattr(item, "fixturenames", ())
+    return gpu_marked(item) or "device" in getattr(item, "fixturenames", ())
 
 
 _left_to_the_cpu_tiers: list[str] = []
@@ -56,7 +63,7 @@ _left_to_the_cpu_tiers: list[str] = []
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="full-size case: needs DEEPINFER_TEST_DEVICE=cuda")
     for item in items:
-        if "gpu" in item.keywords and not ON_GPU:
+        if gpu_marked(item) and not ON_GPU:
             item.add_marker(skip_gpu)
     if ON_GPU:
         # On the GPU, TRITON_INTERPRET is off, so a CPU-tier test that hands CPU tensors
@@ -87,7 +94,7 @@ def pytest_runtest_makereport(item, call):
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         flag = tiers.required_flag({m.name for m in item.iter_markers()})
-        tier_not_running = "gpu" in item.keywords and not ON_GPU
+        tier_not_running = gpu_marked(item) and not ON_GPU
         if flag and not tier_not_running and not tiers.is_not_applicable(reason):
             report.outcome = "failed"
             report.longrepr = f"{item.nodeid}: skipped, but {flag}=1 requires it: {reason}"

@@ -2,11 +2,12 @@
 
 A GPU machine can be taken back in the middle of the correctness phase, and what can be
 copied off one is limited per file (16 MiB where this project's runs take place), while
-``correctness.json`` holds every position's logprob as JSON text, about 90 MB for a full
-run. So after each wave ``correctness`` also writes that wave's servers as
+``correctness.json`` holds every position's logprob as JSON text, about 6.4 MiB per probe
+run of the 32 prompts. So after each wave ``correctness`` also writes that wave's servers as
 ``wave-<name>.npz``: the per-position logprobs and top-1 tokens as arrays, everything else
 (greedy tokens, prompt hashes, server details, throughput, environment) as JSON beside
-them. A wave of three servers (five probe runs of 267,457 positions) takes about 7 MB.
+them. A wave of three servers (five probe runs of 267,457 positions) takes about 6 MiB
+(``test_a_full_wave_fits_under_a_remote_machines_file_limit``).
 
 ``merge`` puts waves from several files (or several machines of the same GPU model and
 stack) back into one record for ``report``. It refuses records whose GPU or versions

@@ -170,7 +170,7 @@ def test_checkpoints_with_keys_writes_the_base_and_those_controls(tmp_path):
 
 def test_collect_brings_each_wave_record_as_its_own_file(tmp_path):
     """The wave records (a few MB each) come back beside the tarball, not inside it, and
-    the JSON record (about 90 MB for a full run) stays on the machine."""
+    the JSON record (about 6 MiB of JSON per probe run) stays on the machine."""
     out = tmp_path / "home" / "out"
     out.mkdir(parents=True)
     for name in ("wave-eager.npz", "wave-graphs.npz", "correctness.json"):

@@ -49,9 +49,10 @@ def _token_array(values: list[int]) -> np.ndarray:
     return np.asarray(values, dtype=np.min_scalar_type(top))
 
 
-def pack(result: dict, servers: list[str]) -> bytes:
-    """The ``servers`` of a correctness ``result`` (``run.phase_correctness``'s record) as
-    the bytes of one ``.npz`` file."""
+def pack(result: dict, servers: list[str], extra: tuple[str, ...] = ()) -> bytes:
+    """The ``servers`` of a phase's ``result`` (``run.phase_correctness``'s record, or
+    ``phase_speculative``'s) as the bytes of one ``.npz`` file; ``extra`` names further
+    top-level fields to keep whole (the speculative phase's ``health``)."""
     arrays: dict[str, np.ndarray] = {}
     runs_meta: dict[str, dict] = {}
     for server in servers:
@@ -83,6 +84,7 @@ def pack(result: dict, servers: list[str]) -> bytes:
             s: result["throughput"][s] for s in servers if s in result.get("throughput", {})
         },
         "runs": runs_meta,
+        "extra": {k: result[k] for k in extra if k in result},
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     buf = io.BytesIO()
@@ -90,9 +92,9 @@ def pack(result: dict, servers: list[str]) -> bytes:
     return buf.getvalue()
 
 
-def write(path: Path, result: dict, servers: list[str]) -> int:
+def write(path: Path, result: dict, servers: list[str], extra: tuple[str, ...] = ()) -> int:
     """``pack`` into ``path`` (written whole, then renamed); returns its size in bytes."""
-    data = pack(result, servers)
+    data = pack(result, servers, extra)
     tmp = path.with_name(path.name + ".partial")
     tmp.write_bytes(data)
     tmp.replace(path)
@@ -129,11 +131,13 @@ def unpack(data: bytes | Path) -> dict:
         "runs": runs,
         "servers": meta["servers"],
         "throughput": meta["throughput"],
+        **meta.get("extra", {}),
     }
 
 
 def load(path: Path) -> dict:
-    """A correctness record from ``correctness.json`` or a ``wave-*.npz``."""
+    """A record from its JSON (``correctness.json``, ``speculative.json``) or its ``.npz``
+    (``wave-*.npz``, ``speculative.npz``)."""
     if path.suffix == ".npz":
         return unpack(path)
     return json.loads(path.read_text())

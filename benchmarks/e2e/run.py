@@ -541,6 +541,12 @@ def main(argv: list[str] | None = None) -> int:
         help="report: the correctness records to merge, correctness.json or wave-*.npz files "
         "(default: OUT/correctness.json)",
     )
+    p.add_argument(
+        "--speculative",
+        type=Path,
+        help="report: the speculative record, speculative.json or speculative.npz "
+        "(default: the one in OUT, if any)",
+    )
     p.add_argument("--util", type=float, default=0.15, help="GPU memory share per server")
     p.add_argument(
         "--waves", nargs="+", choices=WAVES, default=list(WAVES), help="correctness's waves to run"
@@ -576,8 +582,9 @@ def main(argv: list[str] | None = None) -> int:
             corr = record.merge([(str(p), record.load(p)) for p in paths])
         except (OSError, ValueError) as exc:
             p.error(f"--records: {exc}")
-        spec_path = args.out / "speculative.json"
-        spec = json.loads(spec_path.read_text()) if spec_path.exists() else None
+        found = [args.out / f"speculative.{ext}" for ext in ("json", "npz")]
+        spec_path = args.speculative or next((f for f in found if f.exists()), None)
+        spec = record.load(spec_path) if spec_path else None
         rep = report(corr, spec, args.factor)
         (args.out / "report.json").write_text(json.dumps(rep, indent=1))
         for name, v in rep["comparisons"].items():
@@ -615,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     fn = phase_correctness if args.phase == "correctness" else phase_speculative
     result = fn(args)
     (args.out / f"{args.phase}.json").write_text(json.dumps(result))
+    if args.phase == "speculative":  # its compact copy, which collect brings back
+        n = record.write(args.out / "speculative.npz", result, list(result["runs"]), ("health",))
+        log(f"speculative.npz: {record.size_mib(n)}")
     return 0
 
 

@@ -89,6 +89,16 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     eq = rep["speculative"]["ours-spec-launch greedy vs ours-graphs greedy"]
     assert eq["equal_prompts"] == eq["prompts"] > 0
     assert "OUTSIDE" in r.stdout and "WITHIN" in r.stdout
+    # The compact records alone (what comes back from a GPU machine) give the same report.
+    waves = sorted(out.glob("wave-*.npz"))
+    assert [w.name for w in waves] == ["wave-controls.npz", "wave-eager.npz", "wave-graphs.npz"]
+    copied = tmp_path / "copied"
+    r = _run("report", "--records", *map(str, waves), "--speculative",
+             str(out / "speculative.npz"), out=copied)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep_copied = json.loads((copied / "report.json").read_text())
+    for key in ("bound", "comparisons", "speculative", "health", "verdict"):
+        assert rep_copied[key] == rep[key], key
 
 
 def test_a_ladder_whose_smallest_controls_hide_still_passes_and_says_so(tmp_path):

@@ -235,7 +235,7 @@ def tile_sweep() -> None:
     shipped ones. Launches are not hidden here: in the H200 run every small-T row took
     15-24 us whatever the config (the kernels' device time was ~5-13 us), i.e. the host's
     launch path dominated, so only the large-T rows compare kernels."""
-    from deepinfer_sm80.ops.mhc.compile import KernelVariant
+    from deepinfer_sm80.ops.mhc.variants import KernelVariant
     from deepinfer_sm80.tilelang_build import get_kernel
 
     def launch(kernel, inp, t, rows):

@@ -262,10 +262,7 @@ class AttentionVariant:
         return kernel
 
     def pass_configs(self) -> dict:
-        import tilelang
-
-        key = tilelang.PassConfigKey
-        return {key.TL_DISABLE_WARP_SPECIALIZED: True, key.TL_DISABLE_TMA_LOWER: True}
+        return tilelang_build.ampere_pass_configs()
 
 
 DECODE_ENGINE_HINT = "DEEPINFER_SPARSE_MLA_DECODE=triton"

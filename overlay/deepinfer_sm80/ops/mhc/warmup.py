@@ -79,16 +79,6 @@ def shipped_variants(
     return variants
 
 
-def ampere_kernel_specs(max_num_batched_tokens: int = 8192):
-    """The shipped compile configs (``variants.KernelVariant``s) for the Ampere fitness tier.
-
-    TileLang kernels do not fit ``kernel_spec.KernelSpec`` (a Triton launch);
-    ``tilelang_build.fit_report(variant, cc)`` turns each into an ``ampere_fit.FitReport`` that
-    ``ampere_fit.fit_violations`` checks like any other.
-    """
-    return shipped_variants(max_num_batched_tokens)
-
-
 def _log(msg: str) -> None:
     logger.info(msg)
 

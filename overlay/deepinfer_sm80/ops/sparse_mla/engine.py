@@ -29,6 +29,11 @@ def decode_split_mode() -> str:
     return envs.choice(DECODE_SPLITS_ENV)
 
 
+def decode_config_name(engine: str) -> str:
+    """The arch.py launch config of ``engine``'s decode kernels (``decode_engine``)."""
+    return "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
+
+
 def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
     """Rows per split of a decode launch: arch.py's ``ROWS_PER_SPLIT``, or in throughput
     mode, for the TileLang kernels and index rows wider than that,
@@ -37,8 +42,7 @@ def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
     CTA. The Triton kernel (the fallback, and the interpreter's path) keeps
     ROWS_PER_SPLIT: the throughput split was measured for the TileLang kernels only, both
     of which fit a 640-row split in 48 KB. ``heads`` is for the warning."""
-    cfg_name = "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
-    cfg = kernel_config(cfg_name).constexpr_dict()
+    cfg = kernel_config(decode_config_name(engine)).constexpr_dict()
     rps = cfg["ROWS_PER_SPLIT"]
     if decode_split_mode() == "latency" or width <= rps:
         return rps

@@ -18,6 +18,10 @@ TESTS = "tests"
 TOOLS = "tools"
 IMAGE = "image"
 
+# A name that modules on both sides of the torch boundary spell (deploy/ sets it, the
+# sparse-MLA kernels read it): defined here once, for both to import.
+DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
+
 
 @dataclass(frozen=True)
 class Var:
@@ -67,7 +71,7 @@ REGISTRY: tuple[Var, ...] = (
     Var("DEEPINFER_SPARSE_MLA_PREFILL", "choice", "auto", (OPS,),
         "which prefill kernels run, chosen as for `DEEPINFER_SPARSE_MLA_DECODE`",
         choices=("auto", "tilelang", "triton")),
-    Var("DEEPINFER_SPARSE_MLA_DECODE_SPLITS", "choice", "latency", (OPS, DEPLOY),
+    Var(DECODE_SPLITS_ENV, "choice", "latency", (OPS, DEPLOY),
         "one split per token (`throughput`) or several (`latency`); the launcher sets it "
         "from the topology's `decode_splits` (see Serve)",
         choices=("latency", "throughput"),
@@ -178,4 +182,14 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["BY_NAME", "REGISTRY", "Var", "choice", "flag", "get", "markdown_table", "spec"]
+__all__ = [
+    "BY_NAME",
+    "DECODE_SPLITS_ENV",
+    "REGISTRY",
+    "Var",
+    "choice",
+    "flag",
+    "get",
+    "markdown_table",
+    "spec",
+]

@@ -622,11 +622,13 @@ def test_decode_split_mode_choice(monkeypatch, caplog):
 
 
 def test_deploy_names_the_split_variable_the_kernels_read():
-    """deploy/ spells DEEPINFER_SPARSE_MLA_DECODE_SPLITS out (it never imports torch)."""
+    """deploy/ and the kernels take DEEPINFER_SPARSE_MLA_DECODE_SPLITS from the registry
+    (deploy/ never imports torch, envs.py neither)."""
     pytest.importorskip("pydantic")  # deploy's schema; the GPU machines run without it
+    from deepinfer_sm80 import envs
     from deepinfer_sm80.deploy import topology
 
-    assert topology.DECODE_SPLITS_ENV == mla_engine.DECODE_SPLITS_ENV
+    assert topology.DECODE_SPLITS_ENV is mla_engine.DECODE_SPLITS_ENV is envs.DECODE_SPLITS_ENV
 
 
 @pytest.mark.gpu

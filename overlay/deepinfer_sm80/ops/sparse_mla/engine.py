@@ -15,11 +15,11 @@ import torch
 
 from deepinfer_sm80 import envs
 from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.envs import DECODE_SPLITS_ENV
 from deepinfer_sm80.ops._triton_utils import INTERPRETING
 
 DECODE_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_DECODE"
 PREFILL_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_PREFILL"
-DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
 
 
 def decode_split_mode() -> str:

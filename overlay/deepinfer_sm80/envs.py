@@ -114,6 +114,13 @@ REGISTRY: tuple[Var, ...] = (
     Var("DEEPINFER_UPDATE_GOLDEN", "flag", "0", (TESTS,),
         "rewrite the golden launch commands of `tests/deploy/test_multinode.py` instead of "
         "comparing against them"),
+    Var("DEEPINFER_ORACLE_RECORD", "path", None, (TESTS,),
+        "a JSON-lines file the GPU oracle tests (`tests/ops/test_gpu_oracles.py`) append "
+        "each comparison's figures to (`scripts/e2e-on-device` sets it; "
+        "`benchmarks/oracle_summary.py` tabulates it); unset: printed only"),
+    Var("DEEPINFER_COVERAGE_REPORT", "path", None, (TESTS,),
+        "where `tests/tools/test_sm80_coverage.py` writes the sm_80 coverage list as JSON "
+        "(a folder: `coverage.json` in it); unset: pytest's cache folder"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Var] = {v.name: v for v in REGISTRY}

@@ -1,7 +1,7 @@
 """A/B of the TileLang sparse-MLA decode's launch-grid order (arch.py ``SPLITS_FASTEST``).
 
 A: grid (tokens, head blocks, splits), token fastest (the shipped order). B: a 1-D grid
-with the split fastest (``DecodeVariant.splits_fastest``), so a token's splits run side
+with the split fastest (``AttentionVariant.splits_fastest``), so a token's splits run side
 by side. For 8, 32 and 64 heads per rank, T in (16, 64, 256) and both split modes
 (``engine.decode_split_mode``: latency, throughput) on the sparse_mla suite's decode
 inputs (``microbench_sparse_mla.decode_inputs``: SWA 128 + Top-K 512, every row used),

@@ -55,7 +55,7 @@ def ampere_fit_notes(variants: list[tuple[str, str, dict[str, int]]]) -> list[st
     index width) need more shared memory than a CTA may use on Ampere: the H200 runs
     them, but they are experiments, not configs that could ship."""
     from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES
-    from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import DecodeVariant
+    from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import AttentionVariant
 
     base = arch.KERNEL_CONFIGS[CONFIG].constexpr_dict()
     notes = []
@@ -64,7 +64,7 @@ def ampere_fit_notes(variants: list[tuple[str, str, dict[str, int]]]) -> list[st
             continue
         rows = {**base, **overrides}["ROWS_PER_SPLIT"]
         sizes = {
-            kind: DecodeVariant(128, 512, True, True, rows, narrow=narrow).smem_bytes()
+            kind: AttentionVariant(128, 512, True, True, rows, narrow=narrow).smem_bytes()
             for kind, narrow in (("wide", False), ("narrow", True))
         }
         over = {k: v for k, v in sizes.items() if v > STATIC_SMEM_LIMIT_BYTES}

@@ -50,6 +50,7 @@ def _vllm_rebuilt():
             TokenGridFusedUnsplitGemm,
         )
         from deepinfer_sm80.ops.mhc.inputs import MODEL_SCALARS, NORM_EPS
+        from deepinfer_sm80.tilelang_build import ampere_pass_configs
 
         s = MODEL_SCALARS
         eps = {
@@ -60,10 +61,7 @@ def _vllm_rebuilt():
             "repeat": s["sinkhorn_repeat"],
             "norm_eps": NORM_EPS,
         }
-        configs = {
-            tilelang.PassConfigKey.TL_DISABLE_WARP_SPECIALIZED: True,
-            tilelang.PassConfigKey.TL_DISABLE_TMA_LOWER: True,
-        }
+        configs = ampere_pass_configs()
 
         def compile_fn(func):
             return tilelang.compile(func, execution_backend="tvm_ffi", pass_configs=configs)
@@ -235,7 +233,7 @@ def tile_sweep() -> None:
     shipped ones. Launches are not hidden here: in the H200 run every small-T row took
     15-24 us whatever the config (the kernels' device time was ~5-13 us), i.e. the host's
     launch path dominated, so only the large-T rows compare kernels."""
-    from deepinfer_sm80.ops.mhc.compile import KernelVariant
+    from deepinfer_sm80.ops.mhc.variants import KernelVariant
     from deepinfer_sm80.tilelang_build import get_kernel
 
     def launch(kernel, inp, t, rows):

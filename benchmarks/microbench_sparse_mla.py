@@ -125,7 +125,7 @@ def _decode_case(
             # Records read once per token, q read and out written per real head.
             bytes_moved=lambda st: T * (rows * RECORD_BYTES + heads * 512 * 2 * 2),
             flops=lambda st: T * heads * rows * 512 * 4,
-            # Issue targets: >= 50% of copy bandwidth at T=256, >= 1.3x at T <= 16.
+            # Targets: >= 50% of copy bandwidth at T=256, >= 1.3x at T <= 16.
             gates=[Gate("bandwidth_fraction_min", 0.5)]
             if T == 256
             else [Gate("speedup_min", 1.3)]

@@ -34,6 +34,8 @@ def build(sms: int, ctas_per_sm: int, threads: int, chains: int, steps: int = ST
     import tilelang
     import tilelang.language as T  # noqa: N812 -- TileLang's own spelling
 
+    from deepinfer_sm80 import tilelang_build
+
     source = SOURCE_FILE.read_text()
     grid = sms * ctas_per_sm
 
@@ -45,9 +47,9 @@ def build(sms: int, ctas_per_sm: int, threads: int, chains: int, steps: int = ST
                 "handle", f"mma_sync_peak::run<{chains}, {steps}>", T.address_of(out[0]), seed
             )
 
-    key = tilelang.PassConfigKey
-    configs = {key.TL_DISABLE_WARP_SPECIALIZED: True, key.TL_DISABLE_TMA_LOWER: True}
-    return tilelang.compile(kernel, execution_backend="tvm_ffi", pass_configs=configs)
+    return tilelang.compile(
+        kernel, execution_backend="tvm_ffi", pass_configs=tilelang_build.ampere_pass_configs()
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

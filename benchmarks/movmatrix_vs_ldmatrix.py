@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from deepinfer_sm80 import tilelang_build
 from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import SOURCE_FILE as ATTENTION_SOURCE
 
 SOURCE_FILE = Path(__file__).with_name("movmatrix_vs_ldmatrix.cuh")
@@ -53,10 +54,7 @@ class FragmentVariant:
         return (self.threads_per_cta // 32) * self.chains * TILE_BYTES
 
     def pass_configs(self) -> dict:
-        import tilelang
-
-        key = tilelang.PassConfigKey
-        return {key.TL_DISABLE_WARP_SPECIALIZED: True, key.TL_DISABLE_TMA_LOWER: True}
+        return tilelang_build.ampere_pass_configs()
 
     def build(self):
         import tilelang.language as T  # noqa: N812 -- TileLang's own spelling
@@ -85,7 +83,6 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from benchmarks.runner import CudaTimer, device_info
-    from deepinfer_sm80 import tilelang_build
 
     if not torch.cuda.is_available():
         raise SystemExit(

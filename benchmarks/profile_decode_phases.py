@@ -2,7 +2,7 @@
 per-CTA phase clocks from an instrumented copy of ``attention_sm80.cuh``.
 
 The copy is made at run time: ``instrumented_source`` inserts marks at six anchors of
-``decode_cta_narrow``, where thread 0 writes the low 32 bits of ``clock64`` (and, at the
+``attention_cta_narrow``, where thread 0 writes the low 32 bits of ``clock64`` (and, at the
 first and last mark, ``%globaltimer`` and ``%smid``) into the lse columns the kernel never
 writes with 8 heads (8 to 51 of the 64 padded heads; 11 words per split). Phases:
 
@@ -58,7 +58,7 @@ __device__ __forceinline__ void prof_mark(float* lse_ptr, int64_t t, int64_t str
 
 """
 
-# (name, anchor in decode_cta_narrow, replacement); each anchor must occur exactly once
+# (name, anchor in attention_cta_narrow, replacement); each anchor must occur exactly once
 # in the narrow kernel's text.
 _ANCHORS = (
     ("entry", "  const bool nope = !kBf16Rows && warp < kNopeWarps;\n", "{a}  {m0}\n"),
@@ -88,9 +88,9 @@ _END_ANCHOR = "lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);\n  }\n}\n"
 
 def instrumented_source(source: str) -> str:
     """``source`` (attention_sm80.cuh) with the narrow kernel's phase marks inserted."""
-    head = "__device__ __forceinline__ void decode_cta_narrow("
+    head = "__device__ __forceinline__ void attention_cta_narrow("
     if source.count(head) != 1:
-        raise ValueError("profile_decode_phases: decode_cta_narrow not found once in the source")
+        raise ValueError("profile_decode_phases: attention_cta_narrow not found once in the source")
     start = source.rindex("template <", 0, source.index(head))
     before, kernel = source[:start], source[start:]
     marks = {f"m{k}": _MARK.format(k=k) for k in range(6)}
@@ -98,12 +98,12 @@ def instrumented_source(source: str) -> str:
         if kernel.count(anchor) != 1:
             raise ValueError(
                 f"profile_decode_phases: anchor {name!r} occurs {kernel.count(anchor)} times "
-                "in decode_cta_narrow (expected once): update _ANCHORS to the kernel"
+                "in attention_cta_narrow (expected once): update _ANCHORS to the kernel"
             )
         kernel = kernel.replace(anchor, replacement.format(a=anchor, **marks))
     if kernel.count(_END_ANCHOR) != 1:
         raise ValueError(
-            "profile_decode_phases: anchor 'kernel end' not found once in decode_cta_narrow: "
+            "profile_decode_phases: anchor 'kernel end' not found once in attention_cta_narrow: "
             "update _END_ANCHOR to the kernel"
         )
     # The last mark after the merge (or the arrival), once every thread is done.

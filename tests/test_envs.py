@@ -4,6 +4,7 @@ variable's parsing (and name the variable and its values when one is invalid).""
 
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -82,10 +83,20 @@ def test_invalid_choice_names_the_variable_and_the_values():
     )
 
 
-def test_get_returns_the_raw_value_or_the_default():
+def test_get_returns_the_raw_value_or_the_registered_default():
     assert envs.get("DEEPINFER_PATCHES", {"DEEPINFER_PATCHES": " a,b "}) == " a,b "
-    assert envs.get("DEEPINFER_URL", {}) is None
-    assert envs.get("DEEPINFER_CONFIG_DIR", {}, default="x") == "x"
+    url = "DEEPINFER_URL"
+    assert envs.get(url, {}) == envs.get(url, {url: ""}) == "http://127.0.0.1:8000"
+    key = "VLLM_API_KEY"  # no registered default
+    assert envs.get(key, {}) is None and envs.get(key, {key: ""}) is None
+    assert envs.get("DEEPINFER_CONFIG_DIR", {}, default="x") == "x"  # the caller's default
+    assert envs.get(url, {}, default=None) is None
+
+
+def test_computed_defaults_are_the_folders_the_readers_used():
+    assert envs.get("DEEPINFER_RUNTIME_DIR", {}) == str(Path(tempfile.gettempdir()) / "deepinfer")
+    assert envs.get("DEEPINFER_CONFIG_DIR", {}) == str(ROOT / "configs")
+    assert envs.get("DEEPINFER_RUNTIME_DIR", {"DEEPINFER_RUNTIME_DIR": "/run/x"}) == "/run/x"
 
 
 def test_unregistered_name_and_wrong_kind_are_refused():

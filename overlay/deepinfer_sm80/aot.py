@@ -19,11 +19,11 @@ What the Triton entries buy, and their limit: Triton looks a kernel up by a hash
 source, the target, the launch options and the argument specialization (which integer
 arguments are divisible by 16, which pointers are aligned). An entry is reused only when
 the runtime launch specializes exactly like the AOT spec; any other launch JIT-compiles
-as it would without the cache. Whether the runtime hits these entries can only be
-observed on an Ampere GPU, which this project has not had yet: the manifest lists what
-was compiled so a user can compare it with Triton's cache after a run. TileLang entries
-are keyed by the kernel's TIR, target, backend and pass configs, all pinned in
-``tilelang_build``, so a server on that architecture finds them.
+as it would without the cache. Whether the runtime hits these entries shows only on an
+Ampere GPU and is unverified: the manifest lists what was compiled so a user can
+compare it with Triton's cache after a run. TileLang entries are keyed by the kernel's
+TIR, target, backend and pass configs, all pinned in ``tilelang_build``, so a server on
+that architecture finds them.
 
     python -m deepinfer_sm80.aot build /opt/deepinfer/kernels --arches "8.0 8.6"
     python -m deepinfer_sm80.aot seed /opt/deepinfer/kernels ~/.cache/triton

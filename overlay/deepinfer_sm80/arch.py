@@ -122,7 +122,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # one split, no partials, no merge (wide kernel 47.4 KB, narrow 40.2 KB through its
     # register path for PV). H200, T=256: 207/108/42 us against 292/154/56 with 64/32/8
     # heads; T<=16 about 2x slower (NVIDIA_H200.decode_tilelang_one_split_per_token.log).
-    # SPLITS_FASTEST (0 or 1): the launch grid's order (DecodeVariant.splits_fastest). 0:
+    # SPLITS_FASTEST (0 or 1): the launch grid's order (AttentionVariant.splits_fastest). 0:
     # grid (tokens, head blocks, splits), token fastest; 1: a 1-D grid with the split
     # fastest, so a token's splits run side by side and the last to arrive merges partials
     # still in L2. 1 is not yet measured nor verified on a GPU

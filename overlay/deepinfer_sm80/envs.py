@@ -1,14 +1,17 @@
 """Every environment variable the overlay reads: one entry each, with its default, its
 values, its meaning and the component that reads it, plus the accessors the runtime reads
 them through. README.md's environment table is generated from ``REGISTRY``
-(``markdown_table``), so the two cannot drift. Standard library only: ``deploy/`` imports
-this module and never imports torch or vLLM."""
+(``markdown_table``), so the two cannot drift, and each default is written here only:
+the accessors return it for an unset or empty variable. Standard library only: ``deploy/``
+imports this module and never imports torch or vLLM."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 # Components, as the table names them.
 OPS = "ops"
@@ -18,13 +21,29 @@ TESTS = "tests"
 TOOLS = "tools"
 IMAGE = "image"
 
+# A name that modules on both sides of the torch boundary spell (deploy/ sets it, the
+# sparse-MLA kernels read it): defined here once, for both to import.
+DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
+
+
+def _runtime_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), "deepinfer")
+
+
+def _config_dir() -> str:
+    # configs/ sits beside overlay/ in the repository and in the image (/opt/deepinfer);
+    # this file is overlay/deepinfer_sm80/envs.py.
+    return str(Path(__file__).resolve().parents[2] / "configs")
+
 
 @dataclass(frozen=True)
 class Var:
     """One variable. ``kind``: ``flag`` (``1`` turns on a default-off switch, ``0`` turns
     off a default-on one), ``choice`` (one of ``choices``, case and spaces ignored), ``str``
     (free text), ``path`` or ``list`` (comma-separated names). ``default`` is the value an
-    unset variable means, as the table shows it (None: no default, the reader decides)."""
+    unset or empty variable means, as the table shows it (None: no default, the reader
+    decides). ``computed_default``: for a default known only when read (a folder), the
+    function that gives it; ``default`` then describes it."""
 
     name: str
     kind: str
@@ -33,6 +52,7 @@ class Var:
     meaning: str
     choices: tuple[str, ...] = ()
     hint: str = ""
+    computed_default: Callable[[], str] | None = None
 
 
 REGISTRY: tuple[Var, ...] = (
@@ -48,9 +68,10 @@ REGISTRY: tuple[Var, ...] = (
     Var("DEEPINFER_ALLOW_VLLM_VERSION", "flag", "0", (PLUGIN,),
         "accept a vLLM other than 0.33.0"),
     Var("DEEPINFER_RUNTIME_DIR", "path", "$TMPDIR/deepinfer", (PLUGIN, DEPLOY),
-        "where `plugin-status.json` is written (plugin) and read (`deepinfer doctor`)"),
+        "where `plugin-status.json` is written (plugin) and read (`deepinfer doctor`)",
+        computed_default=_runtime_dir),
     Var("DEEPINFER_CONFIG_DIR", "path", "configs/ beside overlay/", (DEPLOY,),
-        "the configs folder `deepinfer` reads"),
+        "the configs folder `deepinfer` reads", computed_default=_config_dir),
     Var("DEEPINFER_URL", "str", "http://127.0.0.1:8000", (DEPLOY,),
         "the server `deepinfer health` checks"),
     Var("DEEPINFER_SERVED_MODEL_NAME", "str", "deepseek-v4.1-flash", (DEPLOY,),
@@ -67,7 +88,7 @@ REGISTRY: tuple[Var, ...] = (
     Var("DEEPINFER_SPARSE_MLA_PREFILL", "choice", "auto", (OPS,),
         "which prefill kernels run, chosen as for `DEEPINFER_SPARSE_MLA_DECODE`",
         choices=("auto", "tilelang", "triton")),
-    Var("DEEPINFER_SPARSE_MLA_DECODE_SPLITS", "choice", "latency", (OPS, DEPLOY),
+    Var(DECODE_SPLITS_ENV, "choice", "latency", (OPS, DEPLOY),
         "one split per token (`throughput`) or several (`latency`); the launcher sets it "
         "from the topology's `decode_splits` (see Serve)",
         choices=("latency", "throughput"),
@@ -110,6 +131,13 @@ REGISTRY: tuple[Var, ...] = (
     Var("DEEPINFER_UPDATE_GOLDEN", "flag", "0", (TESTS,),
         "rewrite the golden launch commands of `tests/deploy/test_multinode.py` instead of "
         "comparing against them"),
+    Var("DEEPINFER_ORACLE_RECORD", "path", None, (TESTS,),
+        "a JSON-lines file the GPU oracle tests (`tests/ops/test_gpu_oracles.py`) append "
+        "each comparison's figures to (`scripts/e2e-on-device` sets it; "
+        "`benchmarks/oracle_summary.py` tabulates it); unset: printed only"),
+    Var("DEEPINFER_COVERAGE_REPORT", "path", None, (TESTS,),
+        "where `tests/tools/test_sm80_coverage.py` writes the sm_80 coverage list as JSON "
+        "(a folder: `coverage.json` in it); unset: pytest's cache folder"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Var] = {v.name: v for v in REGISTRY}
@@ -123,11 +151,26 @@ def spec(name: str) -> Var:
         raise KeyError(f"{name} is not in deepinfer_sm80.envs.REGISTRY; register it") from None
 
 
-def get(name: str, environ: Mapping[str, str] | None = None, default=None):
-    """The raw value of a registered variable, exactly as set (``default`` when unset).
-    ``environ``: the mapping to read (default: this process's environment)."""
+_REGISTERED = object()  # get's default: the registry's
+
+
+def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
     spec(name)
-    return (os.environ if environ is None else environ).get(name, default)
+    return (os.environ if environ is None else environ).get(name)
+
+
+def get(name: str, environ: Mapping[str, str] | None = None, default=_REGISTERED):
+    """The value of a registered variable, exactly as set. Unset or empty: ``default``
+    when given, else the registered default (computed where the entry says how; None
+    where it has none). ``environ``: the mapping to read (default: this process's
+    environment)."""
+    value = _raw(name, environ)
+    if value:
+        return value
+    if default is not _REGISTERED:
+        return default
+    var = spec(name)
+    return var.computed_default() if var.computed_default else var.default
 
 
 def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
@@ -136,7 +179,7 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     var = spec(name)
     if var.kind != "flag":
         raise TypeError(f"{name} is a {var.kind}, not a flag")
-    value = get(name, environ)
+    value = _raw(name, environ)
     if var.default == "1":
         return value is None or value.strip() != "0"
     return value == "1"
@@ -148,7 +191,7 @@ def choice(name: str, environ: Mapping[str, str] | None = None) -> str:
     var = spec(name)
     if var.kind != "choice":
         raise TypeError(f"{name} is a {var.kind}, not a choice")
-    value = (get(name, environ) or "").strip().lower() or var.default
+    value = (_raw(name, environ) or "").strip().lower() or var.default
     if value not in var.choices:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(var.choices)}{var.hint}")
     return value
@@ -178,4 +221,14 @@ def markdown_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["BY_NAME", "REGISTRY", "Var", "choice", "flag", "get", "markdown_table", "spec"]
+__all__ = [
+    "BY_NAME",
+    "DECODE_SPLITS_ENV",
+    "REGISTRY",
+    "Var",
+    "choice",
+    "flag",
+    "get",
+    "markdown_table",
+    "spec",
+]

@@ -59,6 +59,20 @@ class TileLangVariant(Protocol):
 EXECUTION_BACKEND = "tvm_ffi"
 
 
+def ampere_pass_configs() -> dict:
+    """The TileLang pass configs every kernel of ours compiles with, as a fresh dict (a
+    variant may add its own, such as device compile flags).
+
+    Warp specialization and TMA lowering are Hopper (sm_90) lowerings: on sm_80/sm_86 they
+    are inert. They stay off so that a Hopper GPU (an H100 or H200, where the kernels are
+    measured) runs the same kind of code as Ampere. The configs are part of TileLang's
+    cache key, so the AOT build and the server take them from here alike."""
+    import tilelang
+
+    key = tilelang.PassConfigKey
+    return {key.TL_DISABLE_WARP_SPECIALIZED: True, key.TL_DISABLE_TMA_LOWER: True}
+
+
 def cuda_target(cc: int) -> dict:
     """TileLang target for compute capability ``cc`` (80 -> sm_80), as its detector builds it."""
     return {"kind": "cuda", "arch": f"sm_{cc}"}

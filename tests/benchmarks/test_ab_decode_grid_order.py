@@ -9,7 +9,7 @@ import torch
 
 from benchmarks import ab_decode_grid_order as ab
 from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
-from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import DecodeVariant
+from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import AttentionVariant
 
 
 def test_arguments_and_case_list():
@@ -32,14 +32,14 @@ def test_arguments_and_case_list():
         ab.parse_args(["--out", "x", "--heads", "65"])
 
 
-def _variant(narrow: bool, on: bool) -> DecodeVariant:
-    return DecodeVariant(128, 512, True, True, 192, 1, narrow, splits_fastest=on)
+def _variant(narrow: bool, on: bool) -> AttentionVariant:
+    return AttentionVariant(128, 512, True, True, 192, 1, narrow, splits_fastest=on)
 
 
 @pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
 def test_flag_is_part_of_the_kernel_key_and_name(narrow):
     off, on = _variant(narrow, False), _variant(narrow, True)
-    assert off == DecodeVariant(128, 512, True, True, 192, 1, narrow)  # off by default
+    assert off == AttentionVariant(128, 512, True, True, 192, 1, narrow)  # off by default
     assert off != on and hash(off) != hash(on)
     assert on.label == off.label[:-1] + ",splits-fastest]" and "splits" not in off.label
     assert on.callee() == off.callee()[:-1] + ", true>"
@@ -81,7 +81,7 @@ def test_config_flag_reaches_warmup_and_launch(monkeypatch):
     assert not any(v.splits_fastest for v in tilelang_kernels.shipped_variants())
 
 
-def _lowered(variant: DecodeVariant) -> tuple[str, str]:
+def _lowered(variant: AttentionVariant) -> tuple[str, str]:
     """TileLang's host launch call and device source for sm_80, lowered without nvcc."""
     tilelang = pytest.importorskip("tilelang")
     import tvm

@@ -5,7 +5,7 @@ import pytest
 
 from benchmarks import compare_decode_engines as cmp
 from benchmarks.microbench_sparse_mla import build_registry
-from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import DecodeVariant
+from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import AttentionVariant
 
 
 def test_default_variants_are_buildable_and_cover_both_engines():
@@ -14,7 +14,7 @@ def test_default_variants_are_buildable_and_cover_both_engines():
     for engine, overrides in parsed:
         if engine == "tilelang":
             # raises on a split size it cannot run
-            DecodeVariant(128, 512, True, True, overrides["ROWS_PER_SPLIT"])
+            AttentionVariant(128, 512, True, True, overrides["ROWS_PER_SPLIT"])
     names = [c.name for c in build_registry().cases() if c.name.startswith("mla_decode")]
     assert len(names) == 32 and "mla_decode_T256_H8_w128+512" in names
     assert "mla_decode_T256_H8_w128+512_throughput" in names

@@ -12,7 +12,7 @@ from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 def test_marks_land_once_each_in_the_narrow_kernel_only():
     source = tilelang_kernels.SOURCE_FILE.read_text()
     patched = prof.instrumented_source(source)
-    narrow = patched.index("void decode_cta_narrow(")
+    narrow = patched.index("void attention_cta_narrow(")
     for k in range(6):
         call = prof._MARK.format(k=k)
         assert patched.count(call) == 1, k
@@ -32,7 +32,7 @@ def test_refuses_a_kernel_that_moved_under_an_anchor():
     moved = source.replace("// sm.scale and sm.field are complete", "// tables complete")
     with pytest.raises(ValueError, match="anchor 'tables ready' occurs 0 times"):
         prof.instrumented_source(moved)
-    with pytest.raises(ValueError, match="decode_cta_narrow not found"):
+    with pytest.raises(ValueError, match="attention_cta_narrow not found"):
         prof.instrumented_source("// no kernel here\n")
 
 

@@ -121,7 +121,7 @@ def test_decode_splits_throughput_is_validated_and_rendered():
     whichever it is, so a variable left in a node's environment cannot override it; set
     through env: instead, it is refused."""
     from deepinfer_sm80.deploy import launcher
-    from deepinfer_sm80.deploy.topology import DECODE_SPLITS_ENV
+    from deepinfer_sm80.envs import DECODE_SPLITS_ENV
 
     tp8, path = load("tp8")
     default = launcher.render(validate(tp8, path))

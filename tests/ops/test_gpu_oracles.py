@@ -81,7 +81,6 @@ import importlib.util
 import inspect
 import json
 import math
-import os
 import re
 import sys
 import types
@@ -90,6 +89,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from deepinfer_sm80 import envs
 from deepinfer_sm80.ops.cache_writers import indexer_k_norm_rope_store, rope_quant_insert
 from deepinfer_sm80.ops.indexer_logits import (
     fp8_fp4_mqa_logits,
@@ -254,7 +254,7 @@ def record(case: str, figures: dict) -> None:
     names a file, append them to it as one JSON line with the GPU's name: the published
     oracle figures come from that file."""
     print(f"{case}: {figures}")
-    path = os.environ.get(ORACLE_RECORD_ENV)
+    path = envs.get(ORACLE_RECORD_ENV)
     if path:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         with open(path, "a") as f:

@@ -220,13 +220,13 @@ def test_aot_every_shipped_variant_fits_ampere(aot_dir):
     """The image's mHC AOT step (``aot.build_mhc``) raises on any violation; the manifest
     records the token budget, the model constants and every build's resources."""
     from deepinfer_sm80.arch import STATIC_SMEM_LIMIT_BYTES
-    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig, ampere_kernel_specs
+    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig, shipped_variants
 
     _, manifest = aot_dir
     assert manifest["arches"] == ["sm_80", "sm_86"] and manifest["max_num_batched_tokens"] == 8192
     assert manifest["model"] == dataclasses.asdict(MhcModelConfig())
     rows = manifest["kernels"]
-    labels = {v.label for v in ampere_kernel_specs(8192)}
+    labels = {v.label for v in shipped_variants(8192)}
     assert {(r["label"], r["arch"]) for r in rows} == {
         (label, arch) for label in labels for arch in ("sm_80", "sm_86")
     }

@@ -617,16 +617,18 @@ def test_decode_split_mode_choice(monkeypatch, caplog):
     assert not wide.narrow and wide.smem_bytes() <= 48 * 1024
     assert narrow.narrow and narrow.register_pv and narrow.smem_bytes() <= 48 * 1024
     assert narrow.callee().endswith(", false, true>")
-    short = tilelang_kernels.DecodeVariant(128, 512, True, True, rps, narrow=True)
+    short = tilelang_kernels.AttentionVariant(128, 512, True, True, rps, narrow=True)
     assert not short.register_pv and short.callee().endswith(", false, false>")
 
 
 def test_deploy_names_the_split_variable_the_kernels_read():
-    """deploy/ spells DEEPINFER_SPARSE_MLA_DECODE_SPLITS out (it never imports torch)."""
+    """deploy/ and the kernels take DEEPINFER_SPARSE_MLA_DECODE_SPLITS from the registry
+    (deploy/ never imports torch, envs.py neither)."""
     pytest.importorskip("pydantic")  # deploy's schema; the GPU machines run without it
+    from deepinfer_sm80 import envs
     from deepinfer_sm80.deploy import topology
 
-    assert topology.DECODE_SPLITS_ENV == mla_engine.DECODE_SPLITS_ENV
+    assert topology.DECODE_SPLITS_ENV is mla_engine.DECODE_SPLITS_ENV is envs.DECODE_SPLITS_ENV
 
 
 @pytest.mark.gpu
@@ -651,18 +653,18 @@ def test_narrow_register_path_matches_the_slices_path(device, monkeypatch, heads
         extra_lens=[512, 333, 48, 0, 0],
         cached_rows=_extreme_groups,
     )
-    shipped = tilelang_kernels.DecodeVariant.register_pv
+    shipped = tilelang_kernels.AttentionVariant.register_pv
     runs = {}
     try:
         for forced in (False, True):
-            tilelang_kernels.DecodeVariant.register_pv = property(
+            tilelang_kernels.AttentionVariant.register_pv = property(
                 lambda v, f=forced: f and v.narrow and not v.bf16_rows
             )
             forget_compiled()  # kernels are cached by variant, which does not name the path
             out, lse = case.run(heads)
             runs[forced] = (out[:, :heads].clone(), lse[:, :heads].clone())
     finally:
-        tilelang_kernels.DecodeVariant.register_pv = shipped
+        tilelang_kernels.AttentionVariant.register_pv = shipped
         forget_compiled()
     assert torch.isfinite(runs[False][0]).all()
     assert torch.equal(runs[False][0].view(torch.int16), runs[True][0].view(torch.int16))
@@ -1041,16 +1043,16 @@ def test_tilelang_prefill_variant_and_refusals():
     # no scale or factor tables: 8 bytes of table per row instead of 31
     assert (
         td.prefill_variant(640, True, True).smem_bytes()
-        < td.DecodeVariant(640, 0, True, True, 640).smem_bytes() - 23 * 640 + 64
+        < td.AttentionVariant(640, 0, True, True, 640).smem_bytes() - 23 * 640 + 64
     )
     narrow = td.prefill_variant(640, True, True, narrow=True)
     assert narrow.label == "sparse_mla.prefill_tl[640+0,r640,p1,h8]"
-    assert narrow.callee().startswith("deepinfer_mla::decode_cta_narrow<640, 0,")
+    assert narrow.callee().startswith("deepinfer_mla::attention_cta_narrow<640, 0,")
     assert narrow.smem_bytes() <= 48 * 1024  # 640 rows of records, no scale tables
     with pytest.raises(ValueError, match="bf16_rows: the prefill variant reads one cache"):
-        td.DecodeVariant(128, 512, True, True, 640, bf16_rows=True)
+        td.AttentionVariant(128, 512, True, True, 640, bf16_rows=True)
     with pytest.raises(ValueError, match="bf16_rows"):
-        td.DecodeVariant(640, 0, True, True, 192, bf16_rows=True)  # 4 splits
+        td.AttentionVariant(640, 0, True, True, 192, bf16_rows=True)  # 4 splits
     q = torch.zeros(2, 16, 512, dtype=torch.bfloat16)
     lse = torch.zeros(2, 16)
     idx = torch.zeros(2, 640, dtype=torch.int32)
@@ -1184,12 +1186,12 @@ def test_tilelang_kernels_refuse_a_too_small_shared_buffer(monkeypatch, kind):
         variant = tilelang_kernels.prefill_variant(176, True, True, narrow=kind.endswith("narrow"))
     else:
         rows = 336 if kind == "narrow-register" else 176  # 336: the register path for PV
-        variant = tilelang_kernels.DecodeVariant(
+        variant = tilelang_kernels.AttentionVariant(
             128, 512, True, True, rows, narrow=kind.startswith("narrow")
         )
         assert variant.register_pv == (kind == "narrow-register")
-    real = tilelang_kernels.DecodeVariant.smem_bytes
-    monkeypatch.setattr(tilelang_kernels.DecodeVariant, "smem_bytes", lambda v: real(v) - 8)
+    real = tilelang_kernels.AttentionVariant.smem_bytes
+    monkeypatch.setattr(tilelang_kernels.AttentionVariant, "smem_bytes", lambda v: real(v) - 8)
     with pytest.raises(Exception, match=r"smem_bytes\(\) is smaller than Smem"):
         get_kernel(variant, cuda_target(80))
 
@@ -1243,6 +1245,6 @@ def test_tilelang_launch_picks_the_kernel_by_head_count(monkeypatch, heads):
     assert variant.heads_per_cta == (8 if heads <= 8 else 16)
     assert variant.prefetch == (1 if heads <= 8 else 2)
     assert variant.smem_bytes() <= 48 * 1024
-    assert ("decode_cta_narrow<" in variant.callee()) == (heads <= 8)
+    assert ("attention_cta_narrow<" in variant.callee()) == (heads <= 8)
     with pytest.raises(ValueError, match=r"prefetch: the narrow kernel keeps 1 tile"):
-        tilelang_kernels.DecodeVariant(128, 512, True, True, 192, prefetch=2, narrow=True)
+        tilelang_kernels.AttentionVariant(128, 512, True, True, 192, prefetch=2, narrow=True)

@@ -22,12 +22,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from deepinfer_sm80 import envs
 from deepinfer_sm80.ampere_fit import format_reports
 from tools import sm80_coverage as cov
 from tools import sm80_coverage_proof as proof
@@ -431,7 +431,7 @@ def test_coverage_list_is_reported(coverage, request, tmp_path_factory):
     assert counts["kernels_compiled"] == len(coverage.kernels_to_check)
     statuses = {k["id"]: k["status"] for k in report["kernels"]}
     assert statuses[ON_PATH[0]] == "compiled for sm_80/sm_86"
-    target = os.environ.get("DEEPINFER_COVERAGE_REPORT")
+    target = envs.get("DEEPINFER_COVERAGE_REPORT")
     out = Path(target) if target else _cache_dir(request, "sm80_coverage", tmp_path_factory)
     if out.is_dir():
         out = out / "coverage.json"

@@ -163,11 +163,9 @@ def cmd_health(args) -> int:
         return 0
     check = health.check_ready if args.ready else health.check_live
     target = health.Target(
-        base_url=args.url or envs.get("DEEPINFER_URL") or "http://127.0.0.1:8000",
-        served_model_name=args.served_model_name
-        or envs.get("DEEPINFER_SERVED_MODEL_NAME")
-        or "deepseek-v4.1-flash",
-        api_key=envs.get("VLLM_API_KEY") or None,
+        base_url=args.url or envs.get("DEEPINFER_URL"),
+        served_model_name=args.served_model_name or envs.get("DEEPINFER_SERVED_MODEL_NAME"),
+        api_key=envs.get("VLLM_API_KEY"),
         timeout_s=args.timeout,
         known_answer=args.known_answer,
     )
@@ -199,9 +197,8 @@ def _host_check(args, check, target):
         target,
         base_url=args.url or "",
         served_model_name=args.served_model_name
-        or envs.get("DEEPINFER_SERVED_MODEL_NAME", env)
-        or target.served_model_name,
-        api_key=target.api_key or envs.get("VLLM_API_KEY", env) or None,
+        or envs.get("DEEPINFER_SERVED_MODEL_NAME", env, default=target.served_model_name),
+        api_key=target.api_key or envs.get("VLLM_API_KEY", env),
     )
     return container.host_check(server, check, target), target
 
@@ -383,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--node-rank",
-        default=envs.get("NODE_RANK", default="0"),
+        default=envs.get("NODE_RANK"),
         type=int,
         help="this node's rank in a multi-node topology (env NODE_RANK)",
     )
@@ -394,12 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--host-ip",
-        default=envs.get("VLLM_HOST_IP") or None,
+        default=envs.get("VLLM_HOST_IP"),
         help="this node's address for vLLM traffic (env VLLM_HOST_IP)",
     )
     p.add_argument(
         "--listen-host",
-        default=envs.get("DEEPINFER_LISTEN_HOST") or None,
+        default=envs.get("DEEPINFER_LISTEN_HOST"),
         help="address the server listens on here, in place of the topology's host "
         "(env DEEPINFER_LISTEN_HOST; compose sets 0.0.0.0 inside the container)",
     )
@@ -412,11 +409,13 @@ def main(argv: list[str] | None = None) -> int:
         "--worker", action="store_true", help="headless node: a vLLM process is alive here"
     )
     p.add_argument(
-        "--url", help="the server (default: env DEEPINFER_URL, else http://127.0.0.1:8000)"
+        "--url",
+        help=f"the server (default: env DEEPINFER_URL, else {envs.spec('DEEPINFER_URL').default})",
     )
     p.add_argument(
         "--served-model-name",
-        help="default: env DEEPINFER_SERVED_MODEL_NAME, else deepseek-v4.1-flash",
+        help="default: env DEEPINFER_SERVED_MODEL_NAME, else "
+        + envs.spec("DEEPINFER_SERVED_MODEL_NAME").default,
     )
     p.add_argument(
         "--timeout",
@@ -492,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--master-addr",
-        default=envs.get("MASTER_ADDR") or None,
+        default=envs.get("MASTER_ADDR"),
         help="with --expect-hash: node 0's address, part of the hash (env MASTER_ADDR)",
     )
     p.set_defaults(func=cmd_doctor)

@@ -12,11 +12,8 @@ from pathlib import Path
 from deepinfer_sm80 import envs
 from deepinfer_sm80.deploy import safe_yaml
 
-# configs/ sits beside overlay/ in the repository and in the image (/opt/deepinfer);
-# DEEPINFER_CONFIG_DIR points elsewhere.
-CONFIG_DIR = Path(
-    envs.get("DEEPINFER_CONFIG_DIR", default=Path(__file__).resolve().parents[3] / "configs")
-)
+# configs/ beside overlay/ (envs.py says where), unless DEEPINFER_CONFIG_DIR points elsewhere.
+CONFIG_DIR = Path(envs.get("DEEPINFER_CONFIG_DIR"))
 TOPOLOGY_DIR = CONFIG_DIR / "topologies"
 
 

@@ -190,10 +190,7 @@ def check_host(
 
 def default_status_file() -> Path:
     """Where the plugin writes its status (vllm_plugin/apply.py uses the same rule)."""
-    import tempfile
-
-    run_dir = envs.get("DEEPINFER_RUNTIME_DIR") or Path(tempfile.gettempdir()) / "deepinfer"
-    return Path(run_dir) / "plugin-status.json"
+    return Path(envs.get("DEEPINFER_RUNTIME_DIR")) / "plugin-status.json"
 
 
 def check_patches(status_file: Path | None = None) -> Check:

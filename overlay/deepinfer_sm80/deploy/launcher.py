@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from deepinfer_sm80 import model_topology
 from deepinfer_sm80.deploy import exposure
-from deepinfer_sm80.deploy.topology import DECODE_SPLITS_ENV, Validation
+from deepinfer_sm80.deploy.topology import Validation
+from deepinfer_sm80.envs import DECODE_SPLITS_ENV
 
 ENGINE_READY_TIMEOUT_S = 3600  # loading ~475 GiB of weights takes long (vLLM recipes)
 

@@ -24,11 +24,8 @@ from deepinfer_sm80.deploy import nodes, overrides, safe_yaml
 from deepinfer_sm80.deploy.config_files import TOPOLOGY_DIR, ConfigError, model_facts, shown
 from deepinfer_sm80.deploy.planner import Plan, min_utilization, plan
 from deepinfer_sm80.deploy.schema import Topology
+from deepinfer_sm80.envs import DECODE_SPLITS_ENV  # the sparse-MLA decode's split policy
 
-# The variable the sparse-MLA decode's split policy reads
-# (ops/sparse_mla/engine.DECODE_SPLITS_ENV), spelled out here because deploy/ never
-# imports torch (ARCHITECTURE.md); a test ties them.
-DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
 MARLIN_TILE = 128  # Marlin's MoE tile along the intermediate dimension
 MAX_SPEC_TOKENS_AMPERE = 5  # DSpark blocks beyond 5 exceed Ampere shared memory
 OOM_PRONE_UTILIZATION = 0.78  # above this, DSpark's first-request allocation OOMs

@@ -7,7 +7,6 @@ import inspect
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -115,7 +114,7 @@ def _override_kernel(module, attr: str, replacement) -> None:
 
 
 def selected_entries(env: Mapping[str, str]) -> tuple[list[LedgerEntry], dict[str, str]]:
-    wanted = envs.get("DEEPINFER_PATCHES", env, "").strip()
+    wanted = envs.get("DEEPINFER_PATCHES", env).strip()
     if not wanted:
         return list(LEDGER), {}
     names = {n.strip() for n in wanted.split(",") if n.strip()}
@@ -207,9 +206,7 @@ def _finish(env: Mapping[str, str], active: bool, reason: str, statuses: dict[st
         reason,
         format_ledger(statuses),
     )
-    run_dir = Path(
-        envs.get("DEEPINFER_RUNTIME_DIR", env) or Path(tempfile.gettempdir()) / "deepinfer"
-    )
+    run_dir = Path(envs.get("DEEPINFER_RUNTIME_DIR", env))
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "plugin-status.json").write_text(json.dumps(status, indent=1) + "\n")

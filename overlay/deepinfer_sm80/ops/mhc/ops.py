@@ -12,7 +12,6 @@ from functools import cache
 import torch
 
 from deepinfer_sm80.ops._validate import check_tensor
-from deepinfer_sm80.ops.mhc.compile import KernelVariant
 from deepinfer_sm80.ops.mhc.geometry import (
     N_SPLITS,
     check_supported_shape,
@@ -21,6 +20,7 @@ from deepinfer_sm80.ops.mhc.geometry import (
     small_config,
     tensor_core_config,
 )
+from deepinfer_sm80.ops.mhc.variants import KernelVariant
 from deepinfer_sm80.tilelang_build import get_kernel
 
 

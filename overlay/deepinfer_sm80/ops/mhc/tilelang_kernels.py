@@ -1,6 +1,7 @@
 """TileLang kernels of the mHC boundary (post mixing + delayed pre), built for sm_80/sm_86.
 
-Four kernels; ``compile.py`` compiles and caches them, ``ops.py`` launches them.
+Four kernels; ``variants.py`` names their compiled variants (``deepinfer_sm80.tilelang_build``
+compiles and caches them), ``ops.py`` launches them.
 
 * ``post_prenorm_small``: token counts below 16. CUDA cores. Grid (mix tiles, 8 slices,
   token groups); each CTA holds a group of up to 4 tokens, so its slice of the fp32

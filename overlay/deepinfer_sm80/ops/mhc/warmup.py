@@ -20,13 +20,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepinfer_sm80.ops.mhc.compile import KernelVariant
 from deepinfer_sm80.ops.mhc.geometry import (
     HC_MULT,
     HIDDEN,
     SINKHORN_ITERS,
     TC_MIN_TOKENS,
 )
+from deepinfer_sm80.ops.mhc.variants import KernelVariant
 from deepinfer_sm80.tilelang_build import warm
 
 logger = logging.getLogger("deepinfer_sm80.mhc")
@@ -77,16 +77,6 @@ def shipped_variants(
         )
     variants.append(post_variant(h, hc))
     return variants
-
-
-def ampere_kernel_specs(max_num_batched_tokens: int = 8192):
-    """The shipped compile configs (``compile.KernelVariant``s) for the Ampere fitness tier.
-
-    TileLang kernels do not fit ``kernel_spec.KernelSpec`` (a Triton launch);
-    ``tilelang_build.fit_report(variant, cc)`` turns each into an ``ampere_fit.FitReport`` that
-    ``ampere_fit.fit_violations`` checks like any other.
-    """
-    return shipped_variants(max_num_batched_tokens)
 
 
 def _log(msg: str) -> None:

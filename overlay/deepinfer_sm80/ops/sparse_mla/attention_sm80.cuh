@@ -1,8 +1,9 @@
-// Sparse MLA decode from 584-byte V4 records for sm_80/sm_86: one CTA per (query token,
-// 16 heads, split of the token's selected rows), 8 warps, each warp owning one 64-dim
-// scale group of the 512 dims (groups 0-6: e4m3 NoPE bytes with one UE8M0 scale each;
-// group 7: the 64 bf16 RoPE values). With 8 heads per rank or fewer, decode_cta_narrow at
-// the end of this file runs instead (its own header says how it differs).
+// Sparse MLA attention for sm_80/sm_86: decode from 584-byte V4 records (prefill over bf16
+// rows: see Prefill below). One CTA per (query token, 16 heads, split of the token's
+// selected rows), 8 warps, each warp owning one 64-dim scale group of the 512 dims
+// (groups 0-6: e4m3 NoPE bytes with one UE8M0 scale each; group 7: the 64 bf16 RoPE
+// values). With 8 heads per rank or fewer, attention_cta_narrow at the end of this file
+// runs instead (its own header says how it differs).
 //
 // Why this shape: a record is decoded once per CTA, and every warp touches only its own
 // 64 dims. The prologue resolves the split's rows once (record addresses, a bit mask of
@@ -57,7 +58,7 @@
 // logit, which FlashMLA's prefill returns.
 //
 // Compiled through TileLang (tilelang_kernels.py imports this file with T.import_source
-// and calls deepinfer_mla::decode_cta from a T.Kernel): the per-warp MMAs on warp-private
+// and calls deepinfer_mla::attention_cta from a T.Kernel): the per-warp MMAs on warp-private
 // tiles are below what T.gemm's CTA-wide warp policies express.
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -516,7 +517,7 @@ __device__ __forceinline__ void merge_head_splits(int64_t t, int64_t h, int n_sp
 
 // A CTA's place in its launch grid: token, head block, split, and the grid's head-block
 // count (ceil(num_heads / heads per CTA) in both orders). Two orders
-// (tilelang_kernels.DecodeVariant.splits_fastest):
+// (tilelang_kernels.AttentionVariant.splits_fastest):
 //   default: grid (tokens, head blocks, kMaxSplits). CUDA issues blockIdx.x fastest, so a
 //     token's splits start tokens x head blocks CTAs apart;
 //   kSplitsFastest: a 1-D grid, CTA i = split + kMaxSplits * (head block + head blocks *
@@ -573,7 +574,7 @@ __device__ __forceinline__ void merge_splits_if_last(
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
           int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows,
           bool kSplitsFastest = false>
-__device__ __forceinline__ void decode_cta(
+__device__ __forceinline__ void attention_cta(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
     int64_t max_logits_addr, int64_t part_acc_addr, int64_t part_ml_addr,
@@ -964,7 +965,7 @@ __device__ __forceinline__ void decode_cta(
 // through shared memory so that it is written with 16-byte (8-byte bf16) stores. Over bf16
 // rows (prefill, kBf16Rows) every warp takes the RoPE warp's path, as in the wide kernel.
 //
-// Long splits (kRegisterPV, tilelang_kernels.DecodeVariant.register_pv): one split of 640
+// Long splits (kRegisterPV, tilelang_kernels.AttentionVariant.register_pv): one split of 640
 // rows needs 14.8 KB of row tables, which do not fit beside the 32 KB of slices within
 // 48 KB. The NoPE warps then keep their decoded rows in registers until PV and build
 // V^T's A fragments from them with movmatrix (an 8 x 8 transpose across the warp: QK's
@@ -1025,7 +1026,7 @@ __device__ __forceinline__ uint32_t factor_pair_bf16(uint2 fields, int k) {
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
           int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows,
           bool kRegisterPV, bool kSplitsFastest = false>
-__device__ __forceinline__ void decode_cta_narrow(
+__device__ __forceinline__ void attention_cta_narrow(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
     int64_t max_logits_addr, int64_t part_acc_addr, int64_t part_ml_addr,

@@ -15,11 +15,11 @@ import torch
 
 from deepinfer_sm80 import envs
 from deepinfer_sm80.arch import kernel_config
+from deepinfer_sm80.envs import DECODE_SPLITS_ENV
 from deepinfer_sm80.ops._triton_utils import INTERPRETING
 
 DECODE_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_DECODE"
 PREFILL_ENGINE_ENV = "DEEPINFER_SPARSE_MLA_PREFILL"
-DECODE_SPLITS_ENV = "DEEPINFER_SPARSE_MLA_DECODE_SPLITS"
 
 
 def decode_split_mode() -> str:
@@ -27,6 +27,11 @@ def decode_split_mode() -> str:
     A deployment setting, fixed for the server's life: a token's split count still depends
     only on its own rows, so outputs stay batch-invariant in either mode."""
     return envs.choice(DECODE_SPLITS_ENV)
+
+
+def decode_config_name(engine: str) -> str:
+    """The arch.py launch config of ``engine``'s decode kernels (``decode_engine``)."""
+    return "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
 
 
 def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
@@ -37,8 +42,7 @@ def decode_rows_per_split(engine: str, heads: int, width: int) -> int:
     CTA. The Triton kernel (the fallback, and the interpreter's path) keeps
     ROWS_PER_SPLIT: the throughput split was measured for the TileLang kernels only, both
     of which fit a 640-row split in 48 KB. ``heads`` is for the warning."""
-    cfg_name = "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
-    cfg = kernel_config(cfg_name).constexpr_dict()
+    cfg = kernel_config(decode_config_name(engine)).constexpr_dict()
     rps = cfg["ROWS_PER_SPLIT"]
     if decode_split_mode() == "latency" or width <= rps:
         return rps

@@ -18,6 +18,7 @@ from deepinfer_sm80.ops._validate import check_paged_records, check_tensor
 from deepinfer_sm80.ops.kv_cache.layout import HEAD_DIM, RECORD_BYTES
 from deepinfer_sm80.ops.sparse_mla import tilelang_kernels, triton_kernel
 from deepinfer_sm80.ops.sparse_mla.engine import (
+    decode_config_name,
     decode_engine,
     decode_rows_per_split,
     prefill_engine,
@@ -160,7 +161,6 @@ def sparse_mla_decode(
     if T == 0:
         return out, lse
     engine = decode_engine(q.device)
-    cfg_name = "sparse_mla.decode" if engine == "triton" else "sparse_mla.decode_tilelang"
     _launch(
         q,
         out,
@@ -179,7 +179,7 @@ def sparse_mla_decode(
         rows_per_split=decode_rows_per_split(
             engine, heads, main_idx.shape[1] + (extra_idx.shape[1] if has_extra else 0)
         ),
-        cfg_name=cfg_name,
+        cfg_name=decode_config_name(engine),
         engine=engine,
     )
     return out, lse

@@ -35,9 +35,9 @@ DSPARK_SWA_WIDTH_K5 = 192  # vLLM: round_up(window 128 + K 5, 64)
 PREFILL_WIDTHS = (640, 128)  # vLLM: round_up(topk + window, 128), topk 512 or 0
 
 THREADS = 256  # 8 warps: one per 64-dim scale group
-HEADS_PER_CTA = 16  # the wide kernel, decode_cta
+HEADS_PER_CTA = 16  # the wide kernel, attention_cta
 ROWS_PER_TILE = 16  # its tile, and the granule of every split
-# The narrow kernel (decode_cta_narrow) serves 8 heads or fewer per rank (TP8): MMAs
+# The narrow kernel (attention_cta_narrow) serves 8 heads or fewer per rank (TP8): MMAs
 # transposed so that n = 8 heads, 32-row tiles.
 NARROW_HEADS = 8
 NARROW_ROWS = 32
@@ -47,8 +47,9 @@ MIN_CTAS_PER_SM = 2
 
 
 @dataclass(frozen=True)
-class DecodeVariant:
-    """Compile-time shape of one decode kernel: index widths, optional inputs, split size."""
+class AttentionVariant:
+    """Compile-time shape of one attention kernel, decode or (``bf16_rows``) prefill: index
+    widths, optional inputs, split size."""
 
     main_width: int
     extra_width: int
@@ -56,7 +57,7 @@ class DecodeVariant:
     has_sink: bool
     rows_per_split: int
     prefetch: int = 1  # tiles whose loads are in flight ahead of the one computed (1 or 2)
-    narrow: bool = False  # decode_cta_narrow: at most NARROW_HEADS heads per rank
+    narrow: bool = False  # attention_cta_narrow: at most NARROW_HEADS heads per rank
     # Prefill: the kernel over bf16 rows of vLLM's gather workspace (no scales), one split
     # per token.
     bf16_rows: bool = False
@@ -158,7 +159,7 @@ class DecodeVariant:
     def callee(self) -> str:
         b = {True: "true", False: "false"}
         return (
-            f"deepinfer_mla::{'decode_cta_narrow' if self.narrow else 'decode_cta'}"
+            f"deepinfer_mla::{'attention_cta_narrow' if self.narrow else 'attention_cta'}"
             f"<{self.main_width}, {self.extra_width}, "
             f"{b[self.has_extra]}, {b[self.has_len]}, {b[self.has_sink]}, "
             f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}, "
@@ -261,18 +262,15 @@ class DecodeVariant:
         return kernel
 
     def pass_configs(self) -> dict:
-        import tilelang
-
-        key = tilelang.PassConfigKey
-        return {key.TL_DISABLE_WARP_SPECIALIZED: True, key.TL_DISABLE_TMA_LOWER: True}
+        return tilelang_build.ampere_pass_configs()
 
 
 DECODE_ENGINE_HINT = "DEEPINFER_SPARSE_MLA_DECODE=triton"
 PREFILL_ENGINE_HINT = "DEEPINFER_SPARSE_MLA_PREFILL=triton"
-_seen: set[DecodeVariant] = set()
+_seen: set[AttentionVariant] = set()
 
 
-def _note_first_use(variant: DecodeVariant) -> None:
+def _note_first_use(variant: AttentionVariant) -> None:
     """Once per variant (not on every decode call): warn if warmup does not build it."""
     _seen.add(variant)
     if variant not in shipped_variants():
@@ -282,7 +280,7 @@ def _note_first_use(variant: DecodeVariant) -> None:
         )
 
 
-def shipped_variants() -> list[DecodeVariant]:
+def shipped_variants() -> list[AttentionVariant]:
     """What a DeepSeek-V4.1 server launches. Decode: SWA 128 + Top-K 512 (compressed
     layers), SWA 128 alone, and the DSpark draft layers' 192-row window, wide and narrow;
     prefill: the two index widths of the bf16 workspace. vLLM always passes the lengths
@@ -294,12 +292,12 @@ def shipped_variants() -> list[DecodeVariant]:
     order = {"splits_fastest": bool(cfg["SPLITS_FASTEST"])}
     widths = ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
     decode = [
-        DecodeVariant(main, extra, True, True, rps, 1 if narrow else prefetch, narrow, **order)
+        AttentionVariant(main, extra, True, True, rps, 1 if narrow else prefetch, narrow, **order)
         for narrow in (False, True)
         for main, extra in widths
     ]
     decode += [
-        DecodeVariant(
+        AttentionVariant(
             main,
             extra,
             True,
@@ -450,7 +448,7 @@ def launch(
             f"arch.py sparse_mla.decode_tilelang: BLOCK_H/BLOCK_N are the kernel's fixed "
             f"tile ({HEADS_PER_CTA}/{ROWS_PER_TILE}), got {cfg['BLOCK_H']}/{cfg['BLOCK_N']}"
         )
-    variant = DecodeVariant(
+    variant = AttentionVariant(
         main_width=main_idx.shape[1],
         extra_width=extra_idx.shape[1] if extra is not None else 0,
         has_len=main_len is not None,
@@ -493,7 +491,7 @@ def launch(
 
 
 def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2: float, heads):
-    """Prefill through the decode kernels over bf16 rows (``DecodeVariant.bf16_rows``; the
+    """Prefill through the attention kernels over bf16 rows (``AttentionVariant.bf16_rows``; the
     narrow kernel for 8 heads or fewer, as for decode), on
     tensors ``ops.sparse_mla_prefill`` has validated: ``kv`` ``[S, 512]`` bf16
     rows, ``idx`` ``[T, W]`` int32 rows into it, ``lens`` ``[T]`` or None, ``lse`` and
@@ -546,9 +544,9 @@ def launch_prefill(q, out, lse, max_logits, kv, idx, lens, attn_sink, scale_log2
 
 def prefill_variant(
     width: int, has_len: bool, has_sink: bool, narrow: bool = False
-) -> DecodeVariant:
+) -> AttentionVariant:
     """The prefill kernel for index rows of ``width`` entries: one split of all of them
     (rounded up to whole 16-row tiles); the narrow kernel for 8 heads per rank or fewer,
     as for decode."""
     rows = max(ROWS_PER_TILE, -(-width // ROWS_PER_TILE) * ROWS_PER_TILE)
-    return DecodeVariant(width, 0, has_len, has_sink, rows, 1, narrow, True)
+    return AttentionVariant(width, 0, has_len, has_sink, rows, 1, narrow, True)

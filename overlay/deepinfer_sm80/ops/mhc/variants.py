@@ -2,14 +2,16 @@
 
 A ``KernelVariant`` names one of the builders in ``tilelang_kernels`` and its compile-time
 parameters; ``deepinfer_sm80.tilelang_build.get_kernel`` compiles it (through TileLang's
-cache, with the backend pinned there). ``warmup.py`` lists the shipped ones, which
-``python -m deepinfer_sm80.aot build`` compiles ahead of time.
+cache, with the backend and the common pass configs pinned there). ``warmup.py`` lists
+the shipped ones, which ``python -m deepinfer_sm80.aot build`` compiles ahead of time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from deepinfer_sm80.tilelang_build import ampere_pass_configs
 
 # Builders: name -> function in tilelang_kernels.
 KINDS = ("post_prenorm_small", "post_prenorm_tc", "mix_norm_epilogue", "post_sqrsum")
@@ -76,14 +78,8 @@ class KernelVariant:
     def pass_configs(self) -> dict:
         import tilelang
 
-        key = tilelang.PassConfigKey
-        configs: dict = {
-            # Hopper-only lowerings stay off so an H200 (our only GPU) runs the same kind of
-            # code as Ampere; on sm_80/sm_86 they are inert.
-            key.TL_DISABLE_WARP_SPECIALIZED: True,
-            key.TL_DISABLE_TMA_LOWER: True,
-        }
+        configs = ampere_pass_configs()
         if self.kind == "post_sqrsum":
             # Each product and sum rounds on its own, so PyTorch can reproduce the bits.
-            configs[key.TL_DEVICE_COMPILE_FLAGS] = ["--fmad=false"]
+            configs[tilelang.PassConfigKey.TL_DEVICE_COMPILE_FLAGS] = ["--fmad=false"]
         return configs

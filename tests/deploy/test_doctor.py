@@ -66,3 +66,25 @@ def test_patches_status(tmp_path, capsys):
     assert check.ok and "applied: kv-gather" in check.detail
     assert cli.main(["doctor", "--patches"]) == 0
     assert "kv-gather" in capsys.readouterr().out
+
+
+def test_host_needs_follow_the_model_facts(tmp_path):
+    """Host RAM: the planner's per-node base plus the reported Engram size when offloaded;
+    disk: the reported backbone + Engram sizes (configs/model/deepseek-v4.1-flash.yaml)."""
+    from deepinfer_sm80.deploy.config_files import model_facts
+    from deepinfer_sm80.deploy.nodes import HOST_BASE_GIB
+
+    sizes = model_facts("full")["checkpoint_gib_reported"]
+    need = HOST_BASE_GIB + sizes["engram"]
+    meminfo = tmp_path / "meminfo"
+
+    def host_ram(gib: float, offload: bool = True):
+        meminfo.write_text(f"MemTotal:       {int(gib * 2**20)} kB\n")
+        return {c.name: c for c in doctor.check_host(meminfo, tmp_path, None, offload)}["host-ram"]
+
+    assert host_ram(need).ok and f"(need {need:.0f})" in host_ram(need).detail
+    assert not host_ram(need - 1).ok
+    assert host_ram(HOST_BASE_GIB, offload=False).ok
+    assert not host_ram(HOST_BASE_GIB - 1, offload=False).ok
+    disk = {c.name: c for c in doctor.check_host(meminfo, tmp_path, tmp_path / "none")}["disk"]
+    assert f"weights need ~{sizes['backbone'] + sizes['engram']:.0f})" in disk.detail

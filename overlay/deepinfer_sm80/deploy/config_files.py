@@ -36,7 +36,8 @@ MODEL_FACT_NUMBERS = (
     "hidden_size", "vocab_size", "n_shared_experts", "attention_params_per_layer",
     "moe.n_routed_experts", "moe.moe_intermediate_size", "dspark_moe.n_routed_experts",
     "bytes_per_param.bf16", "bytes_per_param.mxfp8", "bytes_per_param.mxfp4",
-    "checkpoint_gib_reported.engram", "kv_bytes_per_token.v4_record",
+    "checkpoint_gib_reported.engram", "checkpoint_gib_reported.backbone",
+    "kv_bytes_per_token.v4_record",
     "kv_bytes_per_token.indexer_k_fp8",
 )  # fmt: skip
 

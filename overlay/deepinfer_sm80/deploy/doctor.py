@@ -21,11 +21,28 @@ from pathlib import Path
 
 from deepinfer_sm80 import envs
 from deepinfer_sm80.deploy import weights
+from deepinfer_sm80.deploy.config_files import model_facts
+from deepinfer_sm80.deploy.nodes import HOST_BASE_GIB
 
 MIN_DRIVER = (580, 65, 6)
-ENGRAM_HOST_GIB = 200
 MIN_SHM_GIB = 8
-WEIGHTS_GIB = 500
+
+
+def checkpoint_gib() -> dict[str, float]:
+    """The real checkpoint's reported sizes (``checkpoint_gib_reported`` in the model
+    facts): ``backbone`` and ``engram``, in GiB."""
+    return dict(model_facts("full")["checkpoint_gib_reported"])
+
+
+def host_ram_needed_gib(engram_offload: bool) -> float:
+    """What one node needs: the planner's per-node base, plus the Engram tables when they
+    live in host memory (a one-node deployment holds both)."""
+    return HOST_BASE_GIB + (checkpoint_gib()["engram"] if engram_offload else 0.0)
+
+
+def weights_disk_gib() -> float:
+    """Disk the downloaded checkpoint takes: backbone and Engram tables."""
+    return sum(checkpoint_gib().values())
 
 
 @dataclass(frozen=True)
@@ -138,12 +155,12 @@ def check_host(
 ) -> list[Check]:
     checks = []
     ram = _meminfo_gib(meminfo)
-    need = ENGRAM_HOST_GIB if engram_offload else 16
+    need = host_ram_needed_gib(engram_offload)
     checks.append(
         Check(
             "host-ram",
             ram >= need,
-            f"{ram:.0f} GiB (need {need})",
+            f"{ram:.0f} GiB (need {need:.0f})",
             ""
             if ram >= need
             else "add memory, or turn engram_cpu_offload off (the tables then take GPU memory)",
@@ -169,12 +186,13 @@ def check_host(
         if problems and not (weights_dir / weights.INDEX_FILE).exists():
             probe = weights_dir if weights_dir.exists() else weights_dir.parent
             free = shutil.disk_usage(probe).free / 2**30 if probe.exists() else 0.0
+            need_disk = weights_disk_gib()
             checks.append(
                 Check(
                     "disk",
-                    free >= WEIGHTS_GIB,
-                    f"{free:.0f} GiB free at {probe} (weights need ~{WEIGHTS_GIB})",
-                    "" if free >= WEIGHTS_GIB else "free space or point the cache elsewhere",
+                    free >= need_disk,
+                    f"{free:.0f} GiB free at {probe} (weights need ~{need_disk:.0f})",
+                    "" if free >= need_disk else "free space or point the cache elsewhere",
                 )
             )
         checks.append(

@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 
 from deepinfer_sm80 import model_topology
 from deepinfer_sm80.deploy import exposure
+from deepinfer_sm80.deploy.planner import ENGRAM_COMPONENT
 from deepinfer_sm80.deploy.topology import Validation
 from deepinfer_sm80.envs import DECODE_SPLITS_ENV
 
-ENGINE_READY_TIMEOUT_S = 3600  # loading ~475 GiB of weights takes long (vLLM recipes)
+# Loading the full checkpoint (checkpoint_gib_reported in the model facts: hundreds of
+# GiB) takes long (vLLM recipes).
+ENGINE_READY_TIMEOUT_S = 3600
 
 
 # Settings that legitimately differ between the nodes of one server: excluded from the
@@ -170,8 +173,12 @@ def render(validated: Validation, node: NodeSettings | None = None) -> LaunchPla
         json.dumps({"cpu_offload": topo.engram_cpu_offload}, separators=(",", ":")),
     ]
     if topo.engram_cpu_offload:
+        engram_gib = validated.plan.components_gib[ENGRAM_COMPONENT]
         decisions.append(
-            ("Engram tables in host memory", "about 189 GiB that would otherwise take GPU memory")
+            (
+                "Engram tables in host memory",
+                f"about {engram_gib:.0f} GiB that would otherwise take GPU memory",
+            )
         )
     argv += [
         "--tokenizer-mode",

@@ -55,6 +55,10 @@ FIRST_RATIO_1_LAYER = mt.COMPRESS_RATIOS.index(1)
 GPU_MEMORY_GIB = gpu_kinds.MEMORY_GIB
 
 
+# The components_gib entry of the Engram tables (the launcher quotes it).
+ENGRAM_COMPONENT = "Engram tables (host memory when offloaded, reported)"
+
+
 def layer_weight_bytes(f: dict, routed: int | None = None) -> float:
     """One decoder layer: routed + shared experts, attention (all tensor-parallel)."""
     b = f["bytes_per_param"]
@@ -89,10 +93,7 @@ def component_bytes(f: dict) -> dict[str, float]:
         "LM head (BF16)": embed,
         "DSpark layers (3)": f["dspark_layers"]
         * layer_weight_bytes(f, f["dspark_moe"]["n_routed_experts"]),
-        "Engram tables (host memory when offloaded, reported)": f["checkpoint_gib_reported"][
-            "engram"
-        ]
-        * GIB,
+        ENGRAM_COMPONENT: f["checkpoint_gib_reported"]["engram"] * GIB,
     }
 
 

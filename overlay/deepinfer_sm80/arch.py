@@ -126,7 +126,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # grid (tokens, head blocks, splits), token fastest; 1: a 1-D grid with the split
     # fastest, so a token's splits run side by side and the last to arrive merges partials
     # still in L2. 1 is not yet measured nor verified on a GPU
-    # (benchmarks/ab_decode_grid_order.py A/Bs the two, bit for bit).
+    # (benchmarks/sparse_mla_ab_grid_order.py A/Bs the two, bit for bit).
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

@@ -9,23 +9,25 @@ import importlib.util
 import sys
 
 from benchmarks import (
-    microbench_indexer,
+    microbench_indexer_logits,
+    microbench_inv_rope,
     microbench_kv_cache,
     microbench_mhc,
-    microbench_o_proj,
     microbench_sparse_mla,
     microbench_topk_swa,
 )
 from benchmarks.runner import main_for_suite
 
-# One suite per module, benchmarks/microbench_<suite>.py, each named for its op(s).
+# One suite per module, benchmarks/microbench_<op>.py, each named for the op it measures.
+# The suite names are keys of the result files and stay as they were: microbench_indexer_logits
+# runs suite `indexer`, microbench_inv_rope suite `o_proj`.
 SUITES = {
     microbench_sparse_mla.SUITE: microbench_sparse_mla.build_registry,
     microbench_kv_cache.SUITE: microbench_kv_cache.build_registry,
     microbench_mhc.SUITE: microbench_mhc.build_registry,
     microbench_topk_swa.SUITE: microbench_topk_swa.build_registry,
-    microbench_indexer.SUITE: microbench_indexer.build_registry,
-    microbench_o_proj.SUITE: microbench_o_proj.build_registry,
+    microbench_indexer_logits.SUITE: microbench_indexer_logits.build_registry,
+    microbench_inv_rope.SUITE: microbench_inv_rope.build_registry,
 }
 # Suites whose kernels need more than torch + triton.
 NEEDS = {microbench_mhc.SUITE: "tilelang"}

@@ -79,7 +79,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # Engram lookup (ops/engram): one 256-column row per program iteration.
     "engram.lookup": LaunchConfig(num_warps=4, num_stages=1),
     # Programs loop over tiles of ROWS records (7 x 64 e4m3 + 64 bf16 each). Picked by
-    # benchmarks/tune_kv_gather.py on an H200 (48K rows: 2,869 GB/s vs 2,644 at 4 warps);
+    # benchmarks/kv_cache_tune_gather.py on an H200 (48K rows: 2,869 GB/s vs 2,644 at 4 warps);
     # measured again with the current kernel: (4 rows, 1 warp) equal at 48K rows, 1%
     # faster at 512K, 2% faster to 5% slower at 16K across runs: kept. Not yet measured
     # on an Ampere GPU.
@@ -126,7 +126,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # grid (tokens, head blocks, splits), token fastest; 1: a 1-D grid with the split
     # fastest, so a token's splits run side by side and the last to arrive merges partials
     # still in L2. 1 is not yet measured nor verified on a GPU
-    # (benchmarks/ab_decode_grid_order.py A/Bs the two, bit for bit).
+    # (benchmarks/sparse_mla_ab_grid_order.py A/Bs the two, bit for bit).
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

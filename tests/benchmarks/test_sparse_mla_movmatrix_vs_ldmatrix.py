@@ -1,10 +1,10 @@
-"""benchmarks.movmatrix_vs_ldmatrix: its builds compile for sm_80 and sm_86 and fit them
+"""benchmarks.sparse_mla_movmatrix_vs_ldmatrix: its builds compile for sm_80 and sm_86 and fit them
 (nvcc and ptxas on the CPU), its counts, and its refusal without a GPU (the timing itself
 needs a CUDA GPU)."""
 
 import pytest
 
-from benchmarks import movmatrix_vs_ldmatrix as mvl
+from benchmarks import sparse_mla_movmatrix_vs_ldmatrix as mvl
 
 
 def test_fragment_count_and_shared_memory():

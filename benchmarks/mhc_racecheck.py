@@ -7,7 +7,7 @@ kernel once at the real geometry (hidden 5120, 4 streams) on a GPU, under racech
 that the hardware's view of the same question is on record too:
 
     compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 1 \\
-        python -m benchmarks.racecheck_mhc
+        python -m benchmarks.mhc_racecheck
 
 Token counts: 1, 3 (the CUDA-core kernel's token groups), 16 and 67 (the Tensor Core kernel:
 one full tile and a ragged last tile). The outputs are checked against the fp32
@@ -54,7 +54,7 @@ def check_once(num_tokens: int) -> list[str]:
 
 def main() -> int:
     if not torch.cuda.is_available():
-        print("racecheck_mhc: needs a CUDA GPU", file=sys.stderr)
+        print("mhc_racecheck: needs a CUDA GPU", file=sys.stderr)
         return 2
     problems = []
     for t in TOKENS:

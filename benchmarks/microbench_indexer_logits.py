@@ -24,7 +24,7 @@ read + logits written, against the copy bandwidth measured in the same run) and 
 (2 x H x 128 per logit, against this device's dense bf16 matmul). The decode gate is a
 target, not yet measured on an Ampere GPU.
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_indexer``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_indexer_logits``
 """
 
 import sys

@@ -7,7 +7,7 @@
 //   kMmaOnly:   the same MMAs on fixed fragments, the floor both are measured against.
 // kChains independent accumulator chains a warp. Uses deepinfer_mla's helpers
 // (movmatrix_trans, ldsm_x4_trans, mma_bf16), so the instructions are the kernel's.
-// Used by benchmarks/movmatrix_vs_ldmatrix.py.
+// Used by benchmarks/sparse_mla_movmatrix_vs_ldmatrix.py.
 
 namespace movmatrix_vs_ldmatrix {
 

@@ -5,7 +5,7 @@ num_stages, program cap) on a 48K gather, checking every config bit-exact agains
 shipped one first. The winner is written into ``deepinfer_sm80/arch.py`` by hand, with
 the GPU it was measured on.
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.tune_kv_gather``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.kv_cache_tune_gather``
 """
 
 import dataclasses

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from benchmarks import microbench_indexer as bench
+from benchmarks import microbench_indexer_logits as bench
 
 
 def test_case_list_builds_without_a_gpu():

@@ -6,7 +6,7 @@ which is how vLLM runs decode: host overhead is left out, the GPU time stays. Bo
 kernels run in this one process on this one GPU; correctness is the sparse_mla suite's and
 the GPU tests' job (``microbench_sparse_mla``, ``tests/ops/test_sparse_mla.py``).
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.compare_decode_engines``; ``--variants``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_compare_decode_engines``; ``--variants``
 takes other TileLang settings (``tilelang:ROWS_PER_SPLIT=128,PREFETCH=2``), ``--only`` a
 substring of the case names.
 """

@@ -19,7 +19,7 @@ The anchors are strings of the kernel source; if the kernel changes under them,
 match). The marks add no registers on sm_80 (122, as shipped) but are not free: compare
 spans with the uninstrumented kernel's timings, not as a replacement for them.
 
-Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.profile_decode_phases``.
+Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_profile_decode_phases``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ MAX_SPLITS = 4  # 640 rows at 192 per split; 8 + 4 x 11 = 52 <= 64 columns
 _MARK = "prof_mark(lse_ptr, t, lse_stride_t, split, {k});"
 
 _HELPER = r"""
-// Inserted by benchmarks/profile_decode_phases.py: thread 0 writes phase clocks into
+// Inserted by benchmarks/sparse_mla_profile_decode_phases.py: thread 0 writes phase clocks into
 // lse[t, 8 + 11 split + k] (columns past the 8 real heads, which the kernel never writes).
 __device__ __forceinline__ void prof_mark(float* lse_ptr, int64_t t, int64_t stride, int split,
                                           int k) {
@@ -90,20 +90,24 @@ def instrumented_source(source: str) -> str:
     """``source`` (attention_sm80.cuh) with the narrow kernel's phase marks inserted."""
     head = "__device__ __forceinline__ void attention_cta_narrow("
     if source.count(head) != 1:
-        raise ValueError("profile_decode_phases: attention_cta_narrow not found once in the source")
+        raise ValueError(
+            "sparse_mla_profile_decode_phases: attention_cta_narrow not found once in the source"
+        )
     start = source.rindex("template <", 0, source.index(head))
     before, kernel = source[:start], source[start:]
     marks = {f"m{k}": _MARK.format(k=k) for k in range(6)}
     for name, anchor, replacement in _ANCHORS:
         if kernel.count(anchor) != 1:
             raise ValueError(
-                f"profile_decode_phases: anchor {name!r} occurs {kernel.count(anchor)} times "
+                f"sparse_mla_profile_decode_phases: anchor {name!r} occurs "
+                f"{kernel.count(anchor)} times "
                 "in attention_cta_narrow (expected once): update _ANCHORS to the kernel"
             )
         kernel = kernel.replace(anchor, replacement.format(a=anchor, **marks))
     if kernel.count(_END_ANCHOR) != 1:
         raise ValueError(
-            "profile_decode_phases: anchor 'kernel end' not found once in attention_cta_narrow: "
+            "sparse_mla_profile_decode_phases: anchor 'kernel end' not found once in "
+            "attention_cta_narrow: "
             "update _END_ANCHOR to the kernel"
         )
     # The last mark after the merge (or the arrival), once every thread is done.
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
 
     if not torch.cuda.is_available():
-        raise SystemExit("profile_decode_phases: needs a CUDA GPU")
+        raise SystemExit("sparse_mla_profile_decode_phases: needs a CUDA GPU")
     patched = Path(tempfile.mkdtemp()) / "attention_sm80_phases.cuh"
     patched.write_text(instrumented_source(tilelang_kernels.SOURCE_FILE.read_text()))
     tilelang_kernels.SOURCE_FILE = patched

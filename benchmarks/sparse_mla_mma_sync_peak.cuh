@@ -1,7 +1,7 @@
 // The device's rate for Ampere's Tensor Core instruction, mma.sync.m16n8k16 with bf16
 // inputs and fp32 accumulators (what ops/sparse_mla/attention_sm80.cuh issues), with
 // kChains independent accumulator chains per warp and no memory traffic: a ceiling for
-// any kernel built on it at that occupancy. Used by benchmarks/mma_sync_peak.py.
+// any kernel built on it at that occupancy. Used by benchmarks/sparse_mla_mma_sync_peak.py.
 #include <cstdint>
 
 namespace mma_sync_peak {

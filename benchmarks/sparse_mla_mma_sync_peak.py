@@ -8,7 +8,7 @@ Why: the decode target (50% of copy bandwidth at T=256) implies a Tensor Core ra
 on the GPU at hand, at the occupancy the kernels run at (2 CTAs x 8 warps per SM). The
 kernel moves no memory, so it is a ceiling, not a model of the decode.
 
-Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.mma_sync_peak``.
+Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_mma_sync_peak``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-SOURCE_FILE = Path(__file__).with_name("mma_sync_peak.cuh")
+SOURCE_FILE = Path(__file__).with_name("sparse_mla_mma_sync_peak.cuh")
 STEPS = 4096  # MMAs per chain
 MMA_FLOPS = 2 * 16 * 8 * 16  # one m16n8k16
 # (threads per CTA, CTAs per SM): 16 warps per SM is the decode kernels' occupancy.
@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.runner import CudaTimer, device_info
 
     if not torch.cuda.is_available():
-        raise SystemExit("mma_sync_peak: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        raise SystemExit(
+            "sparse_mla_mma_sync_peak: needs a CUDA GPU (torch.cuda.is_available() is False)"
+        )
     info = device_info()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(

@@ -8,9 +8,9 @@ with, for example:
     ncu -k regex:'^kernel' --launch-skip 1 --launch-count 1 --section SpeedOfLight \\
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \\
         --section WarpStateStats --section Occupancy \\
-        python3 -m benchmarks.ncu_decode_call T256_H64_throughput
+        python3 -m benchmarks.sparse_mla_ncu_decode_call T256_H64_throughput
 
-Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.ncu_decode_call CASE...``,
+Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_ncu_decode_call CASE...``,
 CASE as ``T<tokens>_H<heads>_<latency|throughput>``.
 """
 
@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.microbench_sparse_mla import decode_inputs, run_decode
 
     if not torch.cuda.is_available():
-        raise SystemExit("ncu_decode_call: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        raise SystemExit(
+            "sparse_mla_ncu_decode_call: needs a CUDA GPU (torch.cuda.is_available() is False)"
+        )
     for T, heads, splits in args.cases:
         st = decode_inputs(T, heads, 128, 512)
         run_decode(st, heads, splits)  # compiles; ncu skips this launch (--launch-skip)

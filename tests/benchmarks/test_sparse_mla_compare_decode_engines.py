@@ -3,7 +3,7 @@ its --variants parser refuses what it cannot run."""
 
 import pytest
 
-from benchmarks import compare_decode_engines as cmp
+from benchmarks import sparse_mla_compare_decode_engines as cmp
 from benchmarks.microbench_sparse_mla import build_registry
 from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import AttentionVariant
 

@@ -1,4 +1,4 @@
-"""benchmarks.ncu_decode_call: its case names and its refusal without a GPU (the calls
+"""benchmarks.sparse_mla_ncu_decode_call: its case names and its refusal without a GPU (the calls
 themselves need a CUDA GPU)."""
 
 import argparse
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from benchmarks import ncu_decode_call as ndc
+from benchmarks import sparse_mla_ncu_decode_call as ndc
 
 
 def test_case_names_parse():

@@ -1,4 +1,4 @@
-"""benchmarks.ab_decode_grid_order on CPU: its arguments and case list, and the grid-order
+"""benchmarks.sparse_mla_ab_grid_order on CPU: its arguments and case list, and the grid-order
 flag (arch.py SPLITS_FASTEST) it switches: part of the kernel's key and label, picked up
 by launch() and warmup, and changing TileLang's generated code (lowered for sm_80, not
 compiled) only when on: the launch grid and the callee's last template argument. The
@@ -7,7 +7,7 @@ timing itself needs a CUDA GPU."""
 import pytest
 import torch
 
-from benchmarks import ab_decode_grid_order as ab
+from benchmarks import sparse_mla_ab_grid_order as ab
 from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import AttentionVariant
 

@@ -1,7 +1,7 @@
-"""benchmarks/tune_mhc_small: the shapes it sweeps are ones the small kernel accepts,
+"""benchmarks/mhc_tune_small: the shapes it sweeps are ones the small kernel accepts,
 and they include the shipped shape (the timing itself needs a GPU)."""
 
-from benchmarks.tune_mhc_small import THREADS, shapes_for
+from benchmarks.mhc_tune_small import THREADS, shapes_for
 from deepinfer_sm80.ops.mhc.geometry import TC_MIN_TOKENS, slice_width, small_config
 
 

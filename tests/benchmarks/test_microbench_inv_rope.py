@@ -3,7 +3,7 @@ its smallest case's check passes when run on CPU (kernel under the interpreter).
 
 import torch
 
-from benchmarks import microbench_o_proj as bench
+from benchmarks import microbench_inv_rope as bench
 
 
 def test_case_list_builds_without_a_gpu():

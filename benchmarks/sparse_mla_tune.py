@@ -5,7 +5,7 @@ computed ahead of time on any machine with ``--fit`` (writes
 ``benchmarks/results/sparse_mla_fit.json``); the timing run reads that file, so a
 config that does not fit Ampere is visible as such next to its H200 time.
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.tune_sparse_mla [--fit]``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_tune [--fit]``
 """
 
 import dataclasses

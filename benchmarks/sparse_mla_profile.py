@@ -1,5 +1,5 @@
 """Kernel-level GPU times of one sparse-MLA decode call (torch.profiler), to see where
-the time goes. Run: ``PYTHONPATH=overlay:. python -m benchmarks.profile_sparse_mla``"""
+the time goes. Run: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_profile``"""
 
 import torch
 from torch.profiler import ProfilerActivity, profile

@@ -10,8 +10,8 @@ moves no global memory, so each figure is a ceiling for its path, not a model of
 decode. The instructions are the kernel's own helpers (``deepinfer_mla::movmatrix_trans``,
 ``ldsm_x4_trans``, ``mma_bf16`` in ``ops/sparse_mla/attention_sm80.cuh``).
 
-Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.movmatrix_vs_ldmatrix``.
-The builds fit sm_80/sm_86 (``tests/benchmarks/test_movmatrix_vs_ldmatrix.py``, no GPU).
+Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_movmatrix_vs_ldmatrix``.
+The builds fit sm_80/sm_86 (``tests/benchmarks/test_sparse_mla_movmatrix_vs_ldmatrix.py``, no GPU).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from deepinfer_sm80 import tilelang_build
 from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import SOURCE_FILE as ATTENTION_SOURCE
 
-SOURCE_FILE = Path(__file__).with_name("movmatrix_vs_ldmatrix.cuh")
+SOURCE_FILE = Path(__file__).with_name("sparse_mla_movmatrix_vs_ldmatrix.cuh")
 MODES = {"mma only": 0, "movmatrix": 1, "ldmatrix": 2}  # kMmaOnly, kMovmatrix, kLdmatrix
 TILE_BYTES = 16 * 24 * 2  # one padded 16 x 16 bf16 fragment (kTileHalves)
 STEPS = 4096  # fragments per chain
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit(
-            "movmatrix_vs_ldmatrix: needs a CUDA GPU (torch.cuda.is_available() is False)"
+            "sparse_mla_movmatrix_vs_ldmatrix: needs a CUDA GPU "
+            "(torch.cuda.is_available() is False)"
         )
     info = device_info()
     sms = torch.cuda.get_device_properties(0).multi_processor_count

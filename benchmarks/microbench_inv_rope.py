@@ -19,7 +19,7 @@ TP2 (32 heads read from the 64-head padded attention buffer, as
 ``attn_out[:, :n_local_heads]``). Gate for the RoPE alone: within 3x of the device floor
 (empty-kernel launch + bytes at copy bandwidth).
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_o_proj``
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_inv_rope``
 """
 
 import sys

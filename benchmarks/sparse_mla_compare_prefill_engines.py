@@ -7,7 +7,7 @@ medians with a cold L2 (``runner.CudaTimer``). Correctness is the GPU tests' job
 (``tests/ops/test_sparse_mla.py``); the largest difference between the two outputs is
 printed alongside.
 
-Run: ``PYTHONPATH=overlay:. python -m benchmarks.compare_prefill_engines``.
+Run: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_compare_prefill_engines``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     from deepinfer_sm80.ops.sparse_mla.engine import PREFILL_ENGINE_ENV
 
     if not torch.cuda.is_available():
-        raise SystemExit("compare_prefill_engines: needs a CUDA GPU")
+        raise SystemExit("sparse_mla_compare_prefill_engines: needs a CUDA GPU")
     info = device_info()
     print(
         f"{info['gpu']} | torch {info['torch']} | triton {info['triton']} | "

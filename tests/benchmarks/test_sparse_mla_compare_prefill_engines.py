@@ -1,9 +1,9 @@
-"""benchmarks.compare_prefill_engines: covers every head count per rank and refuses to
+"""benchmarks.sparse_mla_compare_prefill_engines: covers every head count per rank and refuses to
 run without a GPU (the timing needs one: run on the device, log in benchmarks/results)."""
 
 import pytest
 
-from benchmarks import compare_prefill_engines as cmp
+from benchmarks import sparse_mla_compare_prefill_engines as cmp
 
 
 def test_every_head_count_per_rank_and_the_suite_shape():

@@ -1,11 +1,11 @@
-"""benchmarks.profile_decode_phases: its marks still land in the shipped narrow kernel,
+"""benchmarks.sparse_mla_profile_decode_phases: its marks still land in the shipped narrow kernel,
 it refuses a kernel that moved under its anchors, and its phase arithmetic (the timing
 needs a CUDA GPU: run on the device, log in benchmarks/results)."""
 
 import numpy as np
 import pytest
 
-from benchmarks import profile_decode_phases as prof
+from benchmarks import sparse_mla_profile_decode_phases as prof
 from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 
 

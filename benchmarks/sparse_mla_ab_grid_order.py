@@ -11,7 +11,7 @@ events, cold L2, A and B interleaved rep by rep (``runner.CudaTimer.interleaved`
 One line per case, and a JSON report at ``--out``.
 
 Run (CUDA GPU with TileLang): ``PYTHONPATH=overlay:. python3 -m
-benchmarks.ab_decode_grid_order --out results.json``
+benchmarks.sparse_mla_ab_grid_order --out results.json``
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
 
     if not torch.cuda.is_available():
-        print("ab_decode_grid_order: needs a CUDA GPU", file=sys.stderr)
+        print("sparse_mla_ab_grid_order: needs a CUDA GPU", file=sys.stderr)
         return 2
     start = time.perf_counter()
     info = device_info()

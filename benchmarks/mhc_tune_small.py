@@ -7,7 +7,7 @@ the rebuilt vLLM Ampere strategy in the same process. Every shape must give the 
 shape's bits exactly (a token's arithmetic does not depend on its group or tile), or its
 time is not reported.
 
-Run on a GPU: ``PYTHONPATH=overlay:. python3 -m benchmarks.tune_mhc_small [--tokens 6,12]``.
+Run on a GPU: ``PYTHONPATH=overlay:. python3 -m benchmarks.mhc_tune_small [--tokens 6,12]``.
 Ampere fitness of a shape (registers, spills, shared memory) is checked separately by
 ``tilelang_build.fit_report`` once it is shipped (``make test`` does that for every
 shipped variant).
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     hoists = [bool(int(h)) for h in args.hoist.split(",")]
     info = device_info()
     print(
-        f"[tune_mhc_small] {info.get('gpu')} | torch {info['torch']} | tilelang "
+        f"[mhc_tune_small] {info.get('gpu')} | torch {info['torch']} | tilelang "
         f"{info.get('tilelang')} | CUDA {info['cuda_runtime']}",
         flush=True,
     )
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         want = [t.clone() for t in _ours(inp)]
         base_us = timer(lambda inp=inp: _rebuilt(inp)).median_us
         shipped = shipped_config(num_tokens)
-        print(f"[tune_mhc_small] T={num_tokens} rebuilt vLLM: {base_us:.2f} us", flush=True)
+        print(f"[mhc_tune_small] T={num_tokens} rebuilt vLLM: {base_us:.2f} us", flush=True)
         for (group, tile), hoist in itertools.product(
             shapes_for(num_tokens, groups, tiles), hoists
         ):
@@ -79,17 +79,17 @@ def main(argv: list[str] | None = None) -> int:
                 same = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
                 us = timer(lambda inp=inp: _ours(inp)).median_us if same else None
             except Exception as exc:  # noqa: BLE001 -- a shape that does not build is data
-                print(f"[tune_mhc_small] {name}: {exc!r}"[:300])
+                print(f"[mhc_tune_small] {name}: {exc!r}"[:300])
                 continue
             finally:
                 ops.small_config = shipped_config
                 ops.fused_variant.cache_clear()
             mark = " (shipped)" if shape == shipped else ""
             if us is None:
-                print(f"[tune_mhc_small] {name}: BITS DIFFER{mark}")
+                print(f"[mhc_tune_small] {name}: BITS DIFFER{mark}")
                 continue
             print(
-                f"[tune_mhc_small] {name}: {us:.2f} us ({base_us / us:.2f}x vs rebuilt){mark}",
+                f"[mhc_tune_small] {name}: {us:.2f} us ({base_us / us:.2f}x vs rebuilt){mark}",
                 flush=True,
             )
     return 0

@@ -22,7 +22,7 @@ vs the bf16 prefill baseline (it rounds each head's dot to bf16), <= 1e-4 vs the
 decode baseline; -inf exactly where the layout says. Reported: GB/s (index-cache bytes
 read + logits written, against the copy bandwidth measured in the same run) and TFLOP/s
 (2 x H x 128 per logit, against this device's dense bf16 matmul). The decode gate is a
-target, not yet measured on an Ampere GPU.
+target, unmeasured on an Ampere GPU.
 
 Run: ``PYTHONPATH=overlay:. python -m benchmarks.microbench_indexer_logits``
 """

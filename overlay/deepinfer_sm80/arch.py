@@ -68,7 +68,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # faster than 8; decode 2 warps for 32 pairs, 4 for 64 and 128; BLOCK_N 64 and 2
     # stages best or within 2% everywhere except next_n 2 x 32 heads, where BLOCK_N 128
     # or 3 stages were 7-9% faster; NVIDIA_H200.indexer_logits_variants.log), within
-    # sm80/sm86 fit (<= 48 KB, no spill); not yet measured on an Ampere GPU.
+    # sm80/sm86 fit (<= 48 KB, no spill); unmeasured on an Ampere GPU.
     "indexer_logits.prefill": LaunchConfig(
         num_warps=4, num_stages=2, constexprs=(("BLOCK_N", 64), ("STACK", 128))
     ),
@@ -81,8 +81,8 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # Programs loop over tiles of ROWS records (7 x 64 e4m3 + 64 bf16 each). Picked by
     # benchmarks/kv_cache_tune_gather.py on an H200 (48K rows: 2,869 GB/s vs 2,644 at 4 warps);
     # measured again with the current kernel: (4 rows, 1 warp) equal at 48K rows, 1%
-    # faster at 512K, 2% faster to 5% slower at 16K across runs: kept. Not yet measured
-    # on an Ampere GPU.
+    # faster at 512K, 2% faster to 5% slower at 16K across runs: kept. Unmeasured on an
+    # Ampere GPU.
     "kv_cache.gather": LaunchConfig(num_warps=2, num_stages=1, constexprs=(("ROWS", 8),)),
     # One program per token; 4 warps cover the 512 + 128 row in two passes.
     "kv_cache.insert": LaunchConfig(num_warps=4, num_stages=1),
@@ -125,8 +125,9 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # SPLITS_FASTEST (0 or 1): the launch grid's order (AttentionVariant.splits_fastest). 0:
     # grid (tokens, head blocks, splits), token fastest; 1: a 1-D grid with the split
     # fastest, so a token's splits run side by side and the last to arrive merges partials
-    # still in L2. 1 is not yet measured nor verified on a GPU
-    # (benchmarks/sparse_mla_ab_grid_order.py A/Bs the two, bit for bit).
+    # still in L2. On an H100 the two give the same bits; 1 is 7% faster at T=256 with
+    # latency splits and up to 4.7% slower on small grids (benchmarks/sparse_mla_ab_grid_order.py,
+    # NVIDIA_H100.ab_decode_grid_order.txt), so 0 ships.
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

@@ -63,8 +63,8 @@ REGISTRY: tuple[Var, ...] = (
         "apply only these ledger entries, e.g. `a,b` (`deepinfer doctor --patches` lists "
         "them; empty: all)"),
     Var("DEEPINFER_PP_RELAY", "flag", "0", (DEPLOY, PLUGIN),
-        "use the pipeline relay for cuts inside sharing groups (`tp2-pp3`, `pp6`): not yet "
-        "run on GPUs"),
+        "use the pipeline relay for cuts inside sharing groups (`tp2-pp3`, `pp6`): not run "
+        "across pipeline stages on GPUs"),
     Var("DEEPINFER_ALLOW_VLLM_VERSION", "flag", "0", (PLUGIN,),
         "accept a vLLM other than 0.33.0"),
     Var("DEEPINFER_RUNTIME_DIR", "path", "$TMPDIR/deepinfer", (PLUGIN, DEPLOY),

@@ -106,7 +106,8 @@ def cuts_phrase(cuts) -> str:
 
 
 def relay_unproven(capabilities: PluginCapabilities) -> bool:
-    """True when the relay is in use but not yet a default (not yet run on GPUs)."""
+    """True when the relay is in use but is no default (it has not run across pipeline
+    stages on GPUs)."""
     return capabilities.relays_shared_kv and not PLUGIN_CAPABILITIES.relays_shared_kv
 
 
@@ -177,8 +178,8 @@ def partition_errors(
         errors.append(
             f"the cut at layer {item.cut} splits the sharing group {item.group}: "
             f"{', '.join(item.objects)} would have to cross stages, which vLLM 0.33.0 "
-            f"cannot do. The overlay's pipeline relay carries them but has not run on "
-            f"GPUs yet: set {RELAY_OPT_IN_ENV}=1 to use it, or start stages only at "
+            f"cannot do. The overlay's pipeline relay carries them but has not run across "
+            f"pipeline stages on GPUs: set {RELAY_OPT_IN_ENV}=1 to use it, or start stages only at "
             f"layers {', '.join(map(str, legal))}"
         )
     return errors

@@ -20,8 +20,8 @@ Environment:
 The pipeline relay (``pp_relay``) is wired but inert unless ``DEEPINFER_PP_RELAY=1``
 (``model_topology.plugin_capabilities``; the launcher sets it for every worker when the
 user opts in); it becomes a default once it has run on GPUs. The patch ledger
-(``ledger.py``) lists what is switched. Nothing has served DeepSeek-V4.1 on an Ampere GPU
-yet.
+(``ledger.py``) lists what is switched. No run of DeepSeek-V4.1 on an Ampere GPU is
+recorded here.
 """
 
 from __future__ import annotations

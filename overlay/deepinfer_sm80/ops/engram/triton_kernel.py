@@ -24,7 +24,7 @@ from deepinfer_sm80.ops.fp8.triton_fp8 import e4m3_to_f32, ue8m0_to_f32
 # One row per (token, head) moves 256 + 8 bytes from host memory (UVA) or HBM; a
 # persistent grid of about one program per SM keeps 16 rows x SMs loads in flight, which
 # covers PCIe latency without pipelining, so one stage and no shared memory.
-# Not yet measured on an Ampere GPU.
+# Unmeasured on an Ampere GPU.
 
 
 @triton.jit(do_not_specialize=["vocab_start", "vocab_end", "num_rows", "out_stride"])

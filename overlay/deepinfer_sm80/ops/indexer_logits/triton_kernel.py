@@ -46,7 +46,7 @@ from deepinfer_sm80.ops.indexer_logits.layout import SCALE_BYTES
 # held in registers, a [BLOCK_N, 128] key tile through shared memory, a [BLOCK_N, STACK]
 # fp32 accumulator. Two stages let the next tile's bytes arrive (cp.async) during the
 # current dot. Warps and tile picked on an H200 within what fits 48 KB of shared memory
-# without spills (AOT tier); not yet measured on an Ampere GPU.
+# without spills (AOT tier); unmeasured on an Ampere GPU.
 
 # Programs a launch aims for (grid axis 1 grows until rows x splits reach it): a few
 # waves on 108 (A100) or 84 (A40/A6000) SMs. Any value gives the same output.

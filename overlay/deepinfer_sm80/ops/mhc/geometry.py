@@ -44,8 +44,8 @@ TC_SUB_BLOCKS = 5
 # token of a group is computed, a partial last group never stores its spare tokens.
 # "tile_n" mix rows per CTA. One token takes a 1-token group over 24 one-row tiles (192
 # CTAs); from 3 tokens on, groups of 3 over 6 four-row tiles (48 CTAs a group). Timed on
-# an H200 (the only GPU measured; no Ampere yet) with benchmarks/mhc_tune_small.py, whole
-# op, cold L2: groups of 3 x 4 rows beat groups of 4 x 2 rows at every T from 3 to 15
+# an H200 (no Ampere measurement) with benchmarks/mhc_tune_small.py, whole op, cold L2:
+# groups of 3 x 4 rows beat groups of 4 x 2 rows at every T from 3 to 15
 # (T=12 15.14 vs 15.94 us, T=15 14.85 vs 15.71 us, same bits; hoisted: T=12 13.8 us).
 # Groups of 4 had taken T=12 from 20.6 us (one CTA holding all 12 tokens) to 15.7 us. On
 # sm_80 the groups of 3 use 157 registers (two CTAs per SM; 192 CTAs at T=12 fit one wave

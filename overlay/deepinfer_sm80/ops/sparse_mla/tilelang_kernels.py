@@ -64,7 +64,7 @@ class AttentionVariant:
     # The launch grid's order (arch.py SPLITS_FASTEST; cta_place in attention_sm80.cuh):
     # False, grid (tokens, head blocks, splits), token fastest; True, a 1-D grid whose CTA
     # i is split + max_splits * (head block + head blocks * token), so a token's splits
-    # run side by side. Not yet verified on a GPU.
+    # run side by side. Same bits as False on an H100 (NVIDIA_H100.ab_decode_grid_order.txt).
     splits_fastest: bool = False
 
     def __post_init__(self) -> None:

@@ -13,9 +13,27 @@ from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
 def test_parse_arches_accepts_ampere_only():
     assert parse_ampere_arches("8.0 8.6") == [80, 86]
     assert parse_ampere_arches("8.0,8.6") == [80, 86]
-    for bad in ("9.0", "sm80", "", "8"):
+    for bad in ("9.0", "sm80", "", "8", "8.9", "8.7"):
         with pytest.raises(ValueError, match="--arches"):
             parse_ampere_arches(bad)
+    with pytest.raises(ValueError, match=r"\(9\.0 with --hopper-proxy\)"):
+        parse_ampere_arches("9.0")
+
+
+def test_hopper_proxy_adds_sm_90_and_nothing_else():
+    assert parse_ampere_arches("9.0", hopper_proxy=True) == [90]
+    assert parse_ampere_arches("8.0 9.0", hopper_proxy=True) == [80, 90]
+    for bad in ("10.0", "8.9", "9.1"):
+        with pytest.raises(ValueError, match="--arches"):
+            parse_ampere_arches(bad, hopper_proxy=True)
+
+
+def test_tilelang_targets_are_what_its_detector_builds():
+    """The AOT target of each capability is the one TileLang's detector builds on such a
+    GPU (tilelang.contrib.nvcc.get_target_arch): Hopper's is arch-specific, sm_90a."""
+    assert tilelang_build.cuda_target(80) == {"kind": "cuda", "arch": "sm_80"}
+    assert tilelang_build.cuda_target(86) == {"kind": "cuda", "arch": "sm_86"}
+    assert tilelang_build.cuda_target(90) == {"kind": "cuda", "arch": "sm_90a"}
 
 
 def test_seed_copies_missing_entries_and_never_overwrites(tmp_path):
@@ -119,3 +137,70 @@ def test_warm_seeds_only_from_an_aot_folder_that_exists(tmp_path, monkeypatch):
     assert tilelang_build.warm([], "op", tmp_path, log=logs.append) == []
     assert seeded == [tmp_path]
     assert f"op: seeded 3 TileLang cache files from {tmp_path}" in logs
+
+
+@pytest.mark.aot
+def test_hopper_proxy_build_is_what_a_hopper_server_loads(tmp_path, monkeypatch, capsys):
+    """``build --arches 9.0 --hopper-proxy``, cut to one kernel per part: manifests marked
+    ``hopper_proxy``, and with TileLang's own detector on a capability-9.0 device (torch's
+    answers stubbed) the mHC variant loads from the folder; compiling is made to fail, so
+    a cache miss would raise."""
+    import tilelang.cuda.target as tl_target
+    import torch
+    from tilelang.cache import _dispatch_map
+    from tilelang.jit.kernel import JITKernel
+
+    from deepinfer_sm80.ops.mhc.ops import post_variant
+    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
+    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
+
+    spec = next(s for s in all_ampere_kernel_specs() if s.label.startswith("kv_cache.insert"))
+    mhc_variant = post_variant(MhcModelConfig().hidden_size, MhcModelConfig().hc_mult)
+    mla_variant = tilelang_kernels.prefill_variant(128, True, True)
+    monkeypatch.setattr("deepinfer_sm80.ops.registry.all_ampere_kernel_specs", lambda: [spec])
+    monkeypatch.setattr(
+        "deepinfer_sm80.ops.mhc.warmup.shipped_variants", lambda *a, **k: [mhc_variant]
+    )
+    monkeypatch.setattr(tilelang_kernels, "shipped_variants", lambda: [mla_variant])
+    for cache in _dispatch_map.values():
+        monkeypatch.setattr(cache, "_memory_cache", {})
+    tilelang_build.forget_compiled()
+
+    dest = tmp_path / "kernels"
+    argv = ["build", str(dest), "--arches", "9.0", "--max-num-batched-tokens", "64"]
+    assert aot.main(argv) == 2  # not without the flag
+    assert not dest.exists()
+    assert aot.main([*argv, "--hopper-proxy"]) == 0
+    out = capsys.readouterr().out
+    for part in ("triton", "mhc", "sparse_mla"):
+        assert f"{dest}: {part}: 1 kernel builds for sm_90" in out
+    for manifest_path in (dest / aot.MANIFEST, dest / aot.MHC_SUBDIR / tilelang_build.MANIFEST,
+                          dest / aot.SPARSE_MLA_SUBDIR / tilelang_build.MANIFEST):  # fmt: skip
+        manifest = json.loads(manifest_path.read_text())
+        assert manifest["hopper_proxy"] is True and manifest["arches"] == ["sm_90"]
+
+    live = tmp_path / "live"
+    assert tilelang_build.seed_tilelang_cache(dest / aot.MHC_SUBDIR, live) > 0
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(live))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(tl_target, "check_cuda_availability", lambda: True)
+    assert tl_target._detect_torch_cuda_arch() == "sm_90a"
+
+    def no_compile(self, *args, **kwargs):
+        raise AssertionError("the variant was compiled instead of loaded from the AOT folder")
+
+    monkeypatch.setattr(JITKernel, "_compile_and_create_adapter", no_compile)
+    for cache in _dispatch_map.values():
+        monkeypatch.setattr(cache, "_memory_cache", {})
+    tilelang_build.forget_compiled()
+    try:
+        assert tilelang_build.get_kernel(mhc_variant) is not None
+    finally:
+        tilelang_build.forget_compiled()
+
+
+def test_an_ampere_build_is_not_marked_as_a_proxy():
+    assert aot._proxy_field([80, 86]) == {}
+    assert aot._proxy_field([90]) == {"hopper_proxy": True}

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
 
-from deepinfer_sm80.arch import AMPERE_ARCHES, STATIC_SMEM_LIMIT_BYTES
+from deepinfer_sm80.arch import AMPERE_ARCHES, STATIC_SMEM_LIMIT_BYTES, ptxas_arch
 from deepinfer_sm80.kernel_spec import FitReport, KernelSpec, resolve_kernel
 
 # What ``ptxas -v`` prints (read for Triton kernels here and TileLang kernels in
@@ -76,7 +76,14 @@ def _compile_one(spec: KernelSpec, cc: int) -> FitReport:
                 f.write(compiled.asm["ptx"])
             ptxas = get_ptxas(cc).path
             run = subprocess.run(
-                [ptxas, "-v", f"--gpu-name={arch}", ptx, "-o", os.path.join(tmp, "k.cubin")],
+                [
+                    ptxas,
+                    "-v",
+                    f"--gpu-name={ptxas_arch(cc)}",
+                    ptx,
+                    "-o",
+                    os.path.join(tmp, "k.cubin"),
+                ],
                 capture_output=True,
                 text=True,
                 check=False,

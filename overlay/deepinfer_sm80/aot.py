@@ -27,6 +27,13 @@ that architecture finds them.
 
     python -m deepinfer_sm80.aot build /opt/deepinfer/kernels --arches "8.0 8.6"
     python -m deepinfer_sm80.aot seed /opt/deepinfer/kernels ~/.cache/triton
+
+``--hopper-proxy`` also accepts ``--arches 9.0``: the same kernels, configs and pass
+configs built for sm_90, for an H100/H200 that runs the Ampere kernels with the plugin
+forced on (``DEEPINFER_FORCE=1``), as the end-to-end comparison does. A server there then
+starts from an AOT folder as an Ampere server does from the image's, so its start time
+can be measured with the cache. The fit check still holds them to the Ampere budget.
+Such a folder's manifests say ``"hopper_proxy": true``; it is never an Ampere build.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from deepinfer_sm80.arch import parse_ampere_arches
+from deepinfer_sm80.arch import HOPPER_PROXY_CC, parse_ampere_arches
 
 MANIFEST = "manifest.json"
 TRITON_SUBDIR = "triton"
@@ -50,6 +57,11 @@ SPARSE_MLA_SUBDIR = "sparse_mla"
 # The token budget the mHC variants are built for (vLLM's max_num_batched_tokens; every
 # budget from ops.mhc.geometry.TC_MIN_TOKENS up needs the same variants).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+def _proxy_field(ccs: list[int]) -> dict:
+    """``{"hopper_proxy": True}`` for a build that includes sm_90, else nothing."""
+    return {"hopper_proxy": True} if HOPPER_PROXY_CC in ccs else {}
 
 
 def build_triton(dest: Path, ccs: list[int]) -> dict:
@@ -73,6 +85,7 @@ def build_triton(dest: Path, ccs: list[int]) -> dict:
         raise RuntimeError("AOT kernels do not fit Ampere:\n" + "\n".join(problems))
     manifest = {
         "arches": [f"sm_{cc}" for cc in ccs],
+        **_proxy_field(ccs),
         "kernels": [asdict(r) for r in reports],
         "entries": sorted(p.name for p in cache.iterdir()),
     }
@@ -100,6 +113,7 @@ def build_mhc(
         log,
         max_num_batched_tokens=max_num_batched_tokens,
         model=asdict(model),
+        **_proxy_field(ccs),
     )
 
 
@@ -108,7 +122,7 @@ def build_sparse_mla(dest: Path, ccs: list[int], log=print) -> dict:
     from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import shipped_variants
     from deepinfer_sm80.tilelang_build import aot_build
 
-    return aot_build(dest, shipped_variants(), ccs, "sparse MLA", log)
+    return aot_build(dest, shipped_variants(), ccs, "sparse MLA", log, **_proxy_field(ccs))
 
 
 def build(
@@ -172,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("dest", type=Path)
     b.add_argument("--arches", default="8.0 8.6", help='compute capabilities, e.g. "8.0 8.6"')
     b.add_argument(
+        "--hopper-proxy",
+        action="store_true",
+        help="also accept 9.0: the Ampere kernels for an H100/H200 forced onto them",
+    )
+    b.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -184,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "build":
         try:
             manifests = build(
-                args.dest, parse_ampere_arches(args.arches), args.max_num_batched_tokens
+                args.dest,
+                parse_ampere_arches(args.arches, args.hopper_proxy),
+                args.max_num_batched_tokens,
             )
         except (ValueError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -167,16 +167,35 @@ def kernel_config(name: str) -> LaunchConfig:
         ) from None
 
 
-def parse_ampere_arches(text: str) -> list[int]:
-    """``--arches "8.0 8.6"`` (spaces or commas) -> ``[80, 86]``; anything not 8.x is an error."""
+# The Hopper architecture the Ampere kernels can be built for as a proxy (``aot build
+# --hopper-proxy``): an H100/H200 runs them when the plugin is forced on
+# (DEEPINFER_FORCE=1), which is how this project measures them beside vLLM's own path.
+HOPPER_PROXY_CC = 90
+AMPERE_CCS = (80, 86)  # A100/A800; RTX 30xx, A40, A10, A6000 (8.9 is Ada, not Ampere)
+
+
+def ptxas_arch(cc: int) -> str:
+    """ptxas/nvcc's name for ``cc``: sm_80, sm_86; sm_90a for Hopper, the arch-specific
+    target that Triton's and TileLang's PTX for a 9.0 device declares."""
+    return f"sm_{cc}a" if cc == HOPPER_PROXY_CC else f"sm_{cc}"
+
+
+def parse_ampere_arches(text: str, hopper_proxy: bool = False) -> list[int]:
+    """``--arches "8.0 8.6"`` (spaces or commas) -> ``[80, 86]``; anything else is an
+    error, except 9.0 with ``hopper_proxy``."""
     ccs = []
     for item in text.replace(",", " ").split():
         major, _, minor = item.partition(".")
-        if not (major.isdigit() and minor.isdigit()) or major != "8":
+        cc = int(major) * 10 + int(minor) if major.isdigit() and minor.isdigit() else None
+        if cc == HOPPER_PROXY_CC and hopper_proxy:
+            ccs.append(cc)
+            continue
+        if cc not in AMPERE_CCS:
+            hint = "" if hopper_proxy else " (9.0 with --hopper-proxy)"
             raise ValueError(
-                f"--arches: {item!r} is not an Ampere compute capability; use 8.0 and/or 8.6"
+                f"--arches: {item!r} is not an Ampere compute capability; use 8.0 and/or 8.6{hint}"
             )
-        ccs.append(int(major) * 10 + int(minor))
+        ccs.append(cc)
     if not ccs:
         raise ValueError('--arches: empty; use "8.0 8.6"')
     return ccs

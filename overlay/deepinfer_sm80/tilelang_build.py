@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from deepinfer_sm80.ampere_fit import PTXAS_REGS, PTXAS_SMEM, PTXAS_SPILL, fit_violations
+from deepinfer_sm80.arch import ptxas_arch
 from deepinfer_sm80.kernel_spec import FitReport
 
 TILELANG_SUBDIR = "tilelang"  # the TileLang cache folder inside an AOT folder
@@ -74,8 +75,13 @@ def ampere_pass_configs() -> dict:
 
 
 def cuda_target(cc: int) -> dict:
-    """TileLang target for compute capability ``cc`` (80 -> sm_80), as its detector builds it."""
-    return {"kind": "cuda", "arch": f"sm_{cc}"}
+    """TileLang target for compute capability ``cc`` as its detector builds it on a GPU of
+    that capability (80 -> sm_80, 86 -> sm_86; 90 -> sm_90a: TileLang names Hopper's
+    arch-specific target), so that a build made here is the cache entry a server there
+    looks up."""
+    from tilelang.contrib import nvcc
+
+    return {"kind": "cuda", "arch": f"sm_{nvcc.get_target_arch((cc // 10, cc % 10))}"}
 
 
 _lock = threading.Lock()
@@ -172,7 +178,7 @@ def ptxas_verbose(
             nvcc.get_nvcc_compiler(),
             "-cubin",
             "-O3",
-            f"-arch=sm_{cc}",
+            f"-arch={ptxas_arch(cc)}",
             "-std=c++20",
             "-I" + env.TILELANG_TEMPLATE_PATH,
             "-I" + env.CUTLASS_INCLUDE_DIR,

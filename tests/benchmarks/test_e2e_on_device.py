@@ -190,3 +190,29 @@ def test_collect_brings_each_wave_record_as_its_own_file(tmp_path):
     listing = subprocess.run(["tar", "tzf", str(dest / "e2e-results.tar.gz")],
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert not [n for n in listing.split() if n.endswith((".npz", "correctness.json"))]
+
+
+def test_aot_folder_becomes_every_later_phases_aot_dir(tmp_path):
+    """`aot DIR` keeps a copy; from then on each phase runs with DEEPINFER_AOT_DIR on it
+    (the plugin seeds its caches from there); a folder without a manifest is refused."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text('#!/bin/sh\necho "aot_dir=${DEEPINFER_AOT_DIR:-none}"\n')
+    (fake / "python3").chmod(0o755)
+    run = _run(tmp_path, "start", "correctness", path_prefix=str(fake))
+    out = tmp_path / "home" / "out"
+    assert run.returncode == 0 and _wait_done(out / "correctness.done") == "0"
+    assert (out / "correctness.log").read_text() == "aot_dir=none\n"
+    bad = tmp_path / "not-aot"
+    bad.mkdir()
+    run = _run(tmp_path, "aot", str(bad))
+    assert run.returncode == 2 and "has no manifest.json" in run.stderr
+    src = tmp_path / "kernels"
+    (src / "mhc").mkdir(parents=True)
+    (src / "manifest.json").write_text("{}")
+    run = _run(tmp_path, "aot", str(src))
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "home" / "aot" / "mhc").is_dir()
+    run = _run(tmp_path, "start", "correctness", path_prefix=str(fake))
+    assert run.returncode == 0 and _wait_done(out / "correctness.done") == "0"
+    assert (out / "correctness.log").read_text() == f"aot_dir={tmp_path}/home/aot\n"

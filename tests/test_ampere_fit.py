@@ -87,3 +87,25 @@ def test_spec_with_unknown_argument_is_reported():
     )
     (report,) = compile_for_ampere([spec], ccs=[80])
     assert report.error and "k_pointer" in report.error
+
+
+def _report(arch: str, shared: int, ctas: int, regs: int = 32, threads: int = 128) -> FitReport:
+    return FitReport("k", arch, shared, regs, 0, 0, threads=threads, min_ctas_per_sm=ctas)
+
+
+def test_ctas_per_sm_must_fit_the_sms_shared_memory():
+    """Three CTAs of 40,000 B (plus 1 KB each for the driver) fit sm_80's 164 KB per SM,
+    not sm_86's 100 KB; a Hopper-proxy build is held to sm_86's; two of 48 KB fit both."""
+    assert fit_violations([_report("sm_80", 40_000, 3)]) == []
+    (problem,) = fit_violations([_report("sm_86", 40_000, 3)])
+    assert problem == (
+        "k on sm_86: 3 CTAs per SM x (40000 B + 1024 B reserved) = 123072 B shared memory "
+        "> the SM's 102400 B"
+    )
+    assert fit_violations([_report("sm_90", 40_000, 3)]) == [problem.replace("sm_86", "sm_90")]
+    assert fit_violations([_report(a, 48 * 1024, 2) for a in ("sm_80", "sm_86", "sm_90")]) == []
+
+
+def test_a_report_of_an_unknown_architecture_is_refused():
+    with pytest.raises(ValueError, match="no limits for 'sm_89'"):
+        fit_violations([_report("sm_89", 1024, 1)])

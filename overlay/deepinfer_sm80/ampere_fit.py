@@ -22,7 +22,13 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
 
-from deepinfer_sm80.arch import AMPERE_ARCHES, STATIC_SMEM_LIMIT_BYTES, ptxas_arch
+from deepinfer_sm80.arch import (
+    AMPERE_ARCHES,
+    RESERVED_SMEM_PER_BLOCK_BYTES,
+    STATIC_SMEM_LIMIT_BYTES,
+    arch_limits,
+    ptxas_arch,
+)
 from deepinfer_sm80.kernel_spec import FitReport, KernelSpec, resolve_kernel
 
 # What ``ptxas -v`` prints (read for Triton kernels here and TileLang kernels in
@@ -175,12 +181,23 @@ def report_problems(
 def fit_violations(
     reports: list[FitReport], smem_limit: int = STATIC_SMEM_LIMIT_BYTES
 ) -> list[str]:
-    """Every way the reports miss the Ampere budget, one line each (empty = fits)."""
+    """Every way the reports miss the Ampere budget, one line each (empty = fits): per
+    CTA, shared memory and registers; per SM, ``min_ctas_per_sm`` CTAs' registers and
+    shared memory (each CTA's plus the driver's reserved KB) on the report's architecture
+    (``arch.arch_limits``)."""
 
     def over_budget(r: FitReport) -> list[str]:
         found = []
         if r.shared_bytes > smem_limit:
             found.append(f"{r.shared_bytes} B shared memory > {smem_limit} B")
+        sm_smem = arch_limits(r.arch).smem_per_sm_bytes
+        per_sm = r.min_ctas_per_sm * (r.shared_bytes + RESERVED_SMEM_PER_BLOCK_BYTES)
+        if per_sm > sm_smem:
+            found.append(
+                f"{r.min_ctas_per_sm} CTAs per SM x ({r.shared_bytes} B + "
+                f"{RESERVED_SMEM_PER_BLOCK_BYTES} B reserved) = {per_sm} B shared memory > the "
+                f"SM's {sm_smem} B"
+            )
         if r.min_ctas_per_sm * r.registers * r.threads > REGISTERS_PER_SM:
             found.append(
                 f"{r.registers} registers x {r.threads} threads leaves no room for "

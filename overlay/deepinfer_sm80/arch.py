@@ -6,13 +6,16 @@ compiles exactly these configs for sm_80 and sm_86 on a CPU machine, so a config
 that does not fit Ampere fails CI instead of a user's server.
 
 Shared-memory figures are NVIDIA's (CUDA C Programming Guide, "Compute Capabilities"):
-opt-in per block 163 KB on sm80 and 99 KB on sm86; 48 KB is the static limit every
-CTA of ours stays under so the same config runs on both.
+opt-in per block 163 KB on sm80 and 99 KB on sm86, per SM 164 KB and 100 KB, of which
+the driver reserves 1 KB per resident block; 48 KB is the static limit every CTA of ours
+stays under so the same config runs on both. A kernel's CTAs per SM must also fit the
+SM's shared memory: ``min_ctas_per_sm * (shared + 1 KB)``.
 """
 
 from dataclasses import dataclass
 
 STATIC_SMEM_LIMIT_BYTES = 48 * 1024
+RESERVED_SMEM_PER_BLOCK_BYTES = 1024  # the driver's, per resident block (cc 8.x and 9.0)
 
 
 @dataclass(frozen=True)
@@ -22,12 +25,28 @@ class ArchLimits:
     name: str
     capability: tuple[int, int]
     optin_smem_per_block_bytes: int
+    smem_per_sm_bytes: int
     max_regs_per_thread: int = 255
 
+    @property
+    def cc(self) -> int:
+        return self.capability[0] * 10 + self.capability[1]
 
-SM80 = ArchLimits("sm80", (8, 0), optin_smem_per_block_bytes=166_912)
-SM86 = ArchLimits("sm86", (8, 6), optin_smem_per_block_bytes=101_376)
+
+SM80 = ArchLimits("sm80", (8, 0), optin_smem_per_block_bytes=166_912, smem_per_sm_bytes=167_936)
+SM86 = ArchLimits("sm86", (8, 6), optin_smem_per_block_bytes=101_376, smem_per_sm_bytes=102_400)
 AMPERE_ARCHES = (SM80, SM86)
+
+
+def arch_limits(arch: str) -> ArchLimits:
+    """The limits a build for ``arch`` (``sm_80``, ``sm_86``) is held to; a Hopper-proxy
+    build (``sm_90``, ``aot build --hopper-proxy``) is held to sm86's, the smaller Ampere."""
+    for a in AMPERE_ARCHES:
+        if arch == f"sm_{a.cc}":
+            return a
+    if arch == f"sm_{HOPPER_PROXY_CC}":
+        return SM86
+    raise ValueError(f"no limits for {arch!r}: expected sm_80, sm_86 or sm_{HOPPER_PROXY_CC}")
 
 
 @dataclass(frozen=True)
@@ -171,7 +190,8 @@ def kernel_config(name: str) -> LaunchConfig:
 # --hopper-proxy``): an H100/H200 runs them when the plugin is forced on
 # (DEEPINFER_FORCE=1), which is how this project measures them beside vLLM's own path.
 HOPPER_PROXY_CC = 90
-AMPERE_CCS = (80, 86)  # A100/A800; RTX 30xx, A40, A10, A6000 (8.9 is Ada, not Ampere)
+# A100/A800; RTX 30xx, A40, A10, A6000 (8.9 is Ada, not Ampere)
+AMPERE_CCS = tuple(a.cc for a in AMPERE_ARCHES)
 
 
 def ptxas_arch(cc: int) -> str:

@@ -75,12 +75,12 @@ def test_build_refuses_bad_arguments_before_compiling_anything(tmp_path, capsys)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-@pytest.mark.aot
-def test_one_command_builds_every_part_where_the_runtime_reads_it(tmp_path, monkeypatch, capsys):
-    """``python -m deepinfer_sm80.aot build`` (the image's one AOT step), cut to one kernel
-    per part and sm_80: the Triton spec into DEST/triton with DEST/manifest.json, the mHC
-    and sparse MLA TileLang variants into DEST/mhc and DEST/sparse_mla, each a TileLang
-    cache folder with its manifest, at the folders the plugin's warmup seeds from."""
+@pytest.fixture
+def one_kernel_per_part(monkeypatch):
+    """``aot build`` cut to one kernel per part: a Triton spec, an mHC variant and a sparse
+    MLA variant; returns them. TileLang's memory caches are emptied: kernels this process
+    already compiled would be served from them and never reach the new folders (the
+    image build is a fresh process)."""
     from tilelang.cache import _dispatch_map
 
     from deepinfer_sm80.ops.mhc.ops import post_variant
@@ -95,10 +95,23 @@ def test_one_command_builds_every_part_where_the_runtime_reads_it(tmp_path, monk
         "deepinfer_sm80.ops.mhc.warmup.shipped_variants", lambda *a, **k: [mhc_variant]
     )
     monkeypatch.setattr(tilelang_kernels, "shipped_variants", lambda: [mla_variant])
-    # Kernels this process already compiled would come from TileLang's memory caches and
-    # never reach the new folders; the image build is a fresh process.
     for cache in _dispatch_map.values():
         monkeypatch.setattr(cache, "_memory_cache", {})
+    tilelang_build.forget_compiled()
+    return spec, mhc_variant, mla_variant
+
+
+@pytest.mark.aot
+def test_one_command_builds_every_part_where_the_runtime_reads_it(
+    tmp_path, one_kernel_per_part, capsys
+):
+    """``python -m deepinfer_sm80.aot build`` (the image's one AOT step), cut to one kernel
+    per part and sm_80: the Triton spec into DEST/triton with DEST/manifest.json, the mHC
+    and sparse MLA TileLang variants into DEST/mhc and DEST/sparse_mla, each a TileLang
+    cache folder with its manifest, at the folders the plugin's warmup seeds from."""
+    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
+
+    spec, mhc_variant, mla_variant = one_kernel_per_part
 
     dest = tmp_path / "kernels"
     assert aot.main(["build", str(dest), "--arches", "8.0", "--max-num-batched-tokens", "64"]) == 0
@@ -140,7 +153,9 @@ def test_warm_seeds_only_from_an_aot_folder_that_exists(tmp_path, monkeypatch):
 
 
 @pytest.mark.aot
-def test_hopper_proxy_build_is_what_a_hopper_server_loads(tmp_path, monkeypatch, capsys):
+def test_hopper_proxy_build_is_what_a_hopper_server_loads(
+    tmp_path, monkeypatch, one_kernel_per_part, capsys
+):
     """``build --arches 9.0 --hopper-proxy``, cut to one kernel per part: manifests marked
     ``hopper_proxy``, and with TileLang's own detector on a capability-9.0 device (torch's
     answers stubbed) the mHC variant loads from the folder; compiling is made to fail, so
@@ -150,21 +165,7 @@ def test_hopper_proxy_build_is_what_a_hopper_server_loads(tmp_path, monkeypatch,
     from tilelang.cache import _dispatch_map
     from tilelang.jit.kernel import JITKernel
 
-    from deepinfer_sm80.ops.mhc.ops import post_variant
-    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
-    from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
-
-    spec = next(s for s in all_ampere_kernel_specs() if s.label.startswith("kv_cache.insert"))
-    mhc_variant = post_variant(MhcModelConfig().hidden_size, MhcModelConfig().hc_mult)
-    mla_variant = tilelang_kernels.prefill_variant(128, True, True)
-    monkeypatch.setattr("deepinfer_sm80.ops.registry.all_ampere_kernel_specs", lambda: [spec])
-    monkeypatch.setattr(
-        "deepinfer_sm80.ops.mhc.warmup.shipped_variants", lambda *a, **k: [mhc_variant]
-    )
-    monkeypatch.setattr(tilelang_kernels, "shipped_variants", lambda: [mla_variant])
-    for cache in _dispatch_map.values():
-        monkeypatch.setattr(cache, "_memory_cache", {})
-    tilelang_build.forget_compiled()
+    _, mhc_variant, _ = one_kernel_per_part
 
     dest = tmp_path / "kernels"
     argv = ["build", str(dest), "--arches", "9.0", "--max-num-batched-tokens", "64"]

@@ -9,14 +9,14 @@ from deepinfer_sm80.ampere_fit import (
     fit_violations,
     format_reports,
 )
-from deepinfer_sm80.arch import AMPERE_ARCHES
+from deepinfer_sm80.arch import AMPERE_CCS
 from deepinfer_sm80.kernel_spec import FitReport, KernelSpec
 from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
 
 pytestmark = pytest.mark.aot
 
 SHIPPED = all_ampere_kernel_specs()
-CCS = [major * 10 + minor for major, minor in (a.capability for a in AMPERE_ARCHES)]
+CCS = list(AMPERE_CCS)
 
 
 @pytest.fixture(scope="module")

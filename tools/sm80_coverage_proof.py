@@ -40,7 +40,7 @@ from deepinfer_sm80.ampere_fit import (
     report_problems,
     run_compile_subprocess,
 )
-from deepinfer_sm80.arch import AMPERE_ARCHES
+from deepinfer_sm80.arch import AMPERE_ARCHES, AMPERE_CCS
 from deepinfer_sm80.kernel_spec import FitReport, KernelSpec
 from tools import cubin_inventory as inventory
 from tools import sm80_launch_configs as table
@@ -321,7 +321,7 @@ def compile_tilelang_cached(
 ) -> list[FitReport]:
     """Compile every spec for sm_80 and sm_86 (reports in that order, per spec), reusing
     reports cached under ``cache_dir`` and compiling the rest in ``jobs`` subprocesses."""
-    ccs = [a.capability[0] * 10 + a.capability[1] for a in AMPERE_ARCHES]
+    ccs = list(AMPERE_CCS)
     keys = [_tilelang_spec_key(s, index) for s in specs]
     reports: dict[int, list[FitReport]] = {}
     for i, key in enumerate(keys):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from deepinfer_sm80.arch import (
-    AMPERE_ARCHES,
+    AMPERE_CCS,
     RESERVED_SMEM_PER_BLOCK_BYTES,
     STATIC_SMEM_LIMIT_BYTES,
     arch_limits,
@@ -124,7 +124,7 @@ def compile_for_ampere(
 ) -> list[FitReport]:
     """Compile every spec for every compute capability (default 80 and 86)."""
     if ccs is None:
-        ccs = [major * 10 + minor for major, minor in (a.capability for a in AMPERE_ARCHES)]
+        ccs = list(AMPERE_CCS)
     payload = json.dumps({"specs": [asdict(s) for s in specs], "ccs": ccs})
     return run_compile_subprocess("deepinfer_sm80.ampere_fit", payload, timeout_s)
 

@@ -37,6 +37,13 @@ SM80 = ArchLimits("sm80", (8, 0), optin_smem_per_block_bytes=166_912, smem_per_s
 SM86 = ArchLimits("sm86", (8, 6), optin_smem_per_block_bytes=101_376, smem_per_sm_bytes=102_400)
 AMPERE_ARCHES = (SM80, SM86)
 
+# The Hopper architecture the Ampere kernels can be built for as a proxy (``aot build
+# --hopper-proxy``): an H100/H200 runs them when the plugin is forced on
+# (DEEPINFER_FORCE=1), which is how this project measures them beside vLLM's own path.
+HOPPER_PROXY_CC = 90
+# A100/A800; RTX 30xx, A40, A10, A6000 (8.9 is Ada, not Ampere)
+AMPERE_CCS = tuple(a.cc for a in AMPERE_ARCHES)
+
 
 def arch_limits(arch: str) -> ArchLimits:
     """The limits a build for ``arch`` (``sm_80``, ``sm_86``) is held to; a Hopper-proxy
@@ -184,14 +191,6 @@ def kernel_config(name: str) -> LaunchConfig:
         raise KeyError(
             f"no shipped launch config named {name!r}; known: {sorted(KERNEL_CONFIGS)}"
         ) from None
-
-
-# The Hopper architecture the Ampere kernels can be built for as a proxy (``aot build
-# --hopper-proxy``): an H100/H200 runs them when the plugin is forced on
-# (DEEPINFER_FORCE=1), which is how this project measures them beside vLLM's own path.
-HOPPER_PROXY_CC = 90
-# A100/A800; RTX 30xx, A40, A10, A6000 (8.9 is Ada, not Ampere)
-AMPERE_CCS = tuple(a.cc for a in AMPERE_ARCHES)
 
 
 def ptxas_arch(cc: int) -> str:

@@ -167,3 +167,32 @@ def verdict(deltas: list[PromptDelta], bound: Bound) -> dict:
         "outside": outside,
         "summary": summary,
     }
+
+
+def greedy_check(prompts: dict, bound: Bound) -> dict:
+    """Whether a speculative server's greedy continuations are its own greedy choices:
+    every continuation token's margin (``probes.greedy_margins``: top-1 logprob minus its
+    logprob, teacher-forced on the same server) within ``bound.max_abs``, the largest
+    logprob change the stock path's own batching and launch order make. Speculation with
+    greedy verification changes only how the target model's choices are batched, so its
+    output may part from a non-speculative run's at a near-tie, as two batchings of the
+    stock path do, but never at a token the target model ranks clearly below its top-1."""
+    margins = {n: p.get("greedy_margin") for n, p in prompts.items()}
+    absent = sorted(n for n, m in margins.items() if m is None)
+    if absent or not margins:
+        return {"greedy": False, "why": f"no greedy margins for {absent or 'any prompt'}"}
+    # NaN first, so that a NaN margin is the prompt's worst (max() would skip past it).
+    worst = {n: max(m, default=0.0, key=lambda x: (math.isnan(x), x)) for n, m in margins.items()}
+    over = {n: w for n, w in worst.items() if not w <= bound.max_abs}
+    positions = sum(len(m) for m in margins.values())
+    return {
+        "greedy": not over,
+        "why": f"{len(over)} of {len(margins)} prompts have a token more than "
+        f"{bound.max_abs:.4g} nats below the top-1"
+        if over
+        else f"every token of {positions} within {bound.max_abs:.4g} nats of the top-1",
+        "max_margin": max(worst.values()),
+        "positions": positions,
+        "nonzero_margins": sum(1 for m in margins.values() for x in m if x > 0),
+        "outside": over,
+    }

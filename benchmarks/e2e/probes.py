@@ -82,6 +82,36 @@ def greedy(
     return tokens
 
 
+def greedy_margins(
+    client: Client, model: str, ids: list[int], continuation: list[int]
+) -> list[float]:
+    """How far each token of ``continuation`` is from the server's own greedy choice: the
+    prompt and continuation teacher-forced, and at every continuation position the top-1
+    logprob minus the logprob of the token there (0 where it is the top-1). A speculative
+    server's greedy output is greedy when these stay within rounding noise: a draft token
+    accepted against the target model's choice shows as a margin of its logit gap."""
+    full = ids + continuation
+    body = {
+        "model": model,
+        "prompt": full,
+        "echo": True,
+        "logprobs": 1,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "return_tokens_as_token_ids": True,
+    }
+    lp = _post(client, body)["choices"][0]["logprobs"]
+    if [_token_id(t) for t in lp["tokens"][: len(full)]] != full:
+        raise ValueError("the server echoed other token ids than it was sent")
+    margins = []
+    for i in range(len(ids), len(full)):
+        entry, chosen = lp["top_logprobs"][i], lp["token_logprobs"][i]
+        if not entry or chosen is None:
+            raise ValueError(f"continuation position {i - len(ids)} came back without logprobs")
+        margins.append(max(entry.values()) - chosen)
+    return margins
+
+
 def run_all(
     client: Client,
     model: str,
@@ -89,9 +119,11 @@ def run_all(
     schedule: str,
     with_greedy: bool = True,
     concurrency: int = 16,
+    check_greedy: bool = False,
 ) -> dict:
     """Every prompt through both probes. ``sequential``: one request at a time (batch 1);
-    ``concurrent``: ``concurrency`` requests in flight (the server batches them)."""
+    ``concurrent``: ``concurrency`` requests in flight (the server batches them). With
+    ``check_greedy``, each greedy continuation's ``greedy_margins`` too (``greedy_margin``)."""
     if schedule not in ("sequential", "concurrent"):
         raise ValueError(f"schedule must be sequential or concurrent, got {schedule!r}")
     workers = 1 if schedule == "sequential" else concurrency
@@ -100,6 +132,8 @@ def run_all(
         rec = teacher_forced(client, model, prompts[name])
         if with_greedy:
             rec["greedy"] = greedy(client, model, prompts[name])
+            if check_greedy:
+                rec["greedy_margin"] = greedy_margins(client, model, prompts[name], rec["greedy"])
         return name, rec
 
     t0 = time.perf_counter()

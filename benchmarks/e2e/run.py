@@ -387,7 +387,9 @@ def phase_speculative(args) -> dict:
                 log(f"health --ready: rc {h.returncode} {h.stdout.strip()[-200:]}")
             before = Snapshot.from_text(s.client.get_text("/metrics") or "")
             t0 = time.monotonic()
-            run = probes.run_all(s.client, s.served_model_name, prompts, "concurrent")
+            run = probes.run_all(
+                s.client, s.served_model_name, prompts, "concurrent", check_greedy=True
+            )
             after = Snapshot.from_text(s.client.get_text("/metrics") or "")
             run["spec_decode"] = spec_decode_delta(before, after)
             result["runs"][s.spec.name] = {"concurrent": run}
@@ -460,9 +462,19 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
                 spec_eq[f"{spec_name} acceptance"] = sruns[spec_name]["concurrent"].get(
                     "spec_decode"
                 )
+                spec_eq[f"{spec_name} greedy check"] = agreement.greedy_check(
+                    sruns[spec_name]["concurrent"]["prompts"], bound
+                )
         out["speculative"] = spec_eq
         out["health"] = speculative.get("health")
     out["verdict"] = overall_verdict(out["comparisons"])
+    check = out.get("speculative", {}).get("ours-spec-launch greedy check")
+    if check is not None and not check["greedy"] and out["verdict"]["result"] != "FAIL":
+        out["verdict"] = {
+            **out["verdict"],
+            "result": "FAIL",
+            "why": f"ours with DSpark K=5 emitted tokens that are not its greedy choice: {check['why']}",
+        }
     out["records"] = correctness.get("merged_from")
     return out
 
@@ -603,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
             f"bound: {b['max_abs']:.4g} max, {b['mean_abs']:.4g} mean per prompt, "
             f"{b['aggregate_mean_abs']:.4g} pooled mean"
         )
+        for name, v in rep.get("speculative", {}).items():
+            print(f"{name}: {json.dumps(v)}")
         print(f"resolving power: {rep['verdict']['resolving_power']}")
         print(f"verdict: {rep['verdict']['result']} ({rep['verdict']['why']})")
         return 0 if rep["verdict"]["result"] == "PASS" else 1

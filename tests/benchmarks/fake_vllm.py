@@ -3,8 +3,9 @@
 Logprobs are a deterministic function of the token ids; ``DEEPINFER_FORCE=1`` (our path)
 adds noise of 1e-4 and a checkpoint whose config.json has ``fake_logprob_scale`` scales
 the logprobs by it (a perturbed checkpoint), so the orchestrator's verdicts can be checked
-without a GPU. ``--speculative-config`` makes
-/metrics report drafts.
+without a GPU. Greedy continuations follow ``greedy_next``, the top-1 of the logprobs.
+``--speculative-config`` makes /metrics report drafts; with ``FAKE_SPEC_ACCEPTS_WRONG=1``
+such a server also emits one token that is not its greedy choice (a broken verifier).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from itertools import pairwise
 VOCAB = 512
 
 
+def greedy_next(prev: int) -> int:
+    return (prev * 7 + 3) % VOCAB
+
+
 def logprob(prev: int, tok: int, salt: float) -> float:
+    """The greedy token leads every other by at least 0.5 nats."""
+    if tok == greedy_next(prev):
+        return -0.5 + salt
     return -1.0 - ((prev * 31 + tok * 17) % 97) / 25.0 + salt
 
 
@@ -68,8 +76,9 @@ class Handler(BaseHTTPRequestHandler):
             pairs = list(pairwise(ids))
             lps = [None] + [scale * logprob(a, b, self._salt(i)) for i, (a, b) in enumerate(pairs)]
             tops = [None] + [
-                {f"token_id:{b}": lp, f"token_id:{(a * 7) % VOCAB}": -0.5}
-                for (a, b), lp in zip(pairs, lps[1:], strict=True)
+                {f"token_id:{b}": lp, f"token_id:{greedy_next(a)}": scale * logprob(
+                    a, greedy_next(a), self._salt(i))}
+                for i, ((a, b), lp) in enumerate(zip(pairs, lps[1:], strict=True))
             ]
             lp = {
                 "tokens": [f"token_id:{t}" for t in ids] + ["token_id:1"],
@@ -78,9 +87,13 @@ class Handler(BaseHTTPRequestHandler):
             }
             usage = {"prompt_tokens": len(ids)}
             return self._send(200, {"choices": [{"logprobs": lp}], "usage": usage})
-        out = [(ids[-1] * 7 + k) % VOCAB for k in range(req["max_tokens"])]
+        out = [greedy_next(ids[-1])]
+        while len(out) < req["max_tokens"]:
+            out.append(greedy_next(out[-1]))
         if self.server.speculative:
             self.server.drafts += 1
+            if os.environ.get("FAKE_SPEC_ACCEPTS_WRONG") == "1" and len(out) > 3:
+                out[3] = (out[3] + 1) % VOCAB  # a draft token accepted against the target
         if req.get("stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

@@ -373,3 +373,24 @@ def test_a_candidate_outside_the_bound_fails(base):
     rep = report(corr, None, factor=2.0)
     assert rep["verdict"]["result"] == "FAIL"
     assert "ours vs stock, eager, batch 16" in rep["verdict"]["why"]
+
+
+def _bound(max_abs: float) -> agreement.Bound:
+    return agreement.Bound(max_abs=max_abs, mean_abs=0.01, aggregate_mean_abs=0.01, factor=2.0,
+                           sources={})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("margins", "greedy"),
+    [
+        ({"a": [0.0, 0.0], "b": [0.1, 0.0]}, True),  # a near-tie within the bound
+        ({"a": [0.0, 0.0], "b": [0.0, 0.3]}, False),  # one token clearly below its top-1
+        ({"a": [0.0, math.nan], "b": [0.0, 0.0]}, False),  # NaN is never within
+        ({"a": [0.0], "b": None}, False),  # a prompt without margins
+        ({}, False),  # nothing measured
+    ],
+)
+def test_greedy_check_flags_a_token_below_the_top1(margins, greedy):
+    prompts_ = {n: ({"greedy_margin": m} if m is not None else {}) for n, m in margins.items()}
+    check = agreement.greedy_check(prompts_, _bound(0.25))
+    assert check["greedy"] is greedy, check

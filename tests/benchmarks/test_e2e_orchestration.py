@@ -35,10 +35,11 @@ def _checkpoint(d: Path, scale: float = 1.0) -> str:
     return str(d)
 
 
-def _run(*args, out: Path) -> subprocess.CompletedProcess:
+def _run(*args, out: Path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     deepinfer = shutil.which("deepinfer") or str(Path(sys.executable).parent / "deepinfer")
     env = {
         **os.environ,
+        **(env_extra or {}),
         "FAKE_PYTHON": sys.executable,
         "PATH": f"{FAKE_BIN}:{Path(deepinfer).parent}:{os.environ['PATH']}",
         "PYTHONPATH": f"{ROOT / 'overlay'}:{ROOT}",
@@ -88,6 +89,9 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     assert "resolving power: flags L24 1%, L39 1%, L24 10%, L24 50%\n" in r.stdout
     eq = rep["speculative"]["ours-spec-launch greedy vs ours-graphs greedy"]
     assert eq["equal_prompts"] == eq["prompts"] > 0
+    check = rep["speculative"]["ours-spec-launch greedy check"]
+    assert check["greedy"] and check["positions"] == 24 * eq["prompts"], check
+    assert check["max_margin"] == 0.0
     assert "OUTSIDE" in r.stdout and "WITHIN" in r.stdout
     # The compact records alone (what comes back from a GPU machine) give the same report.
     waves = sorted(out.glob("wave-*.npz"))
@@ -308,3 +312,23 @@ def test_wave_files_merged_give_the_report_of_the_whole_record(tmp_path):
     twice = _run("report", "--records", str(elsewhere / "wave-eager.npz"),
                  str(out / "wave-eager.npz"), out=elsewhere)  # fmt: skip
     assert twice.returncode == 2 and "'control-L24-50pct' is in both" in twice.stderr
+
+
+def test_a_speculative_server_that_emits_a_non_greedy_token_fails_the_report(tmp_path):
+    """The stand-in's DSpark server accepts one draft token the target model ranks 0.5 nats
+    or more below its top-1: the greedy check on the same server flags every prompt, and
+    the report fails although the non-speculative comparisons pass."""
+    model = _checkpoint(tmp_path / "smoke")
+    _controls(tmp_path, {})
+    out = tmp_path / "out"
+    common = ["--model", model, "--max-len", "100", "--stagger-s", "0", "--no-throughput"]
+    assert _run("correctness", *common, out=out).returncode == 0
+    r = _run("speculative", *common, out=out, env_extra={"FAKE_SPEC_ACCEPTS_WRONG": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _run("report", out=out)
+    assert r.returncode == 1, r.stdout + r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    check = rep["speculative"]["ours-spec-launch greedy check"]
+    assert not check["greedy"] and check["max_margin"] >= 0.5
+    assert len(check["outside"]) == rep["speculative"]["ours-spec-launch greedy vs ours-graphs greedy"]["prompts"]
+    assert rep["verdict"]["result"] == "FAIL" and "not its greedy choice" in rep["verdict"]["why"]

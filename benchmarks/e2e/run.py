@@ -473,7 +473,8 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
         out["verdict"] = {
             **out["verdict"],
             "result": "FAIL",
-            "why": f"ours with DSpark K=5 emitted tokens that are not its greedy choice: {check['why']}",
+            "why": "ours with DSpark K=5 emitted tokens that are not its greedy choice: "
+            + check["why"],
         }
     out["records"] = correctness.get("merged_from")
     return out

@@ -76,8 +76,10 @@ class Handler(BaseHTTPRequestHandler):
             pairs = list(pairwise(ids))
             lps = [None] + [scale * logprob(a, b, self._salt(i)) for i, (a, b) in enumerate(pairs)]
             tops = [None] + [
-                {f"token_id:{b}": lp, f"token_id:{greedy_next(a)}": scale * logprob(
-                    a, greedy_next(a), self._salt(i))}
+                {
+                    f"token_id:{b}": lp,
+                    f"token_id:{greedy_next(a)}": scale * logprob(a, greedy_next(a), self._salt(i)),
+                }
                 for i, ((a, b), lp) in enumerate(zip(pairs, lps[1:], strict=True))
             ]
             lp = {

@@ -330,5 +330,8 @@ def test_a_speculative_server_that_emits_a_non_greedy_token_fails_the_report(tmp
     rep = json.loads((out / "report.json").read_text())
     check = rep["speculative"]["ours-spec-launch greedy check"]
     assert not check["greedy"] and check["max_margin"] >= 0.5
-    assert len(check["outside"]) == rep["speculative"]["ours-spec-launch greedy vs ours-graphs greedy"]["prompts"]
+    assert (
+        len(check["outside"])
+        == rep["speculative"]["ours-spec-launch greedy vs ours-graphs greedy"]["prompts"]
+    )
     assert rep["verdict"]["result"] == "FAIL" and "not its greedy choice" in rep["verdict"]["why"]

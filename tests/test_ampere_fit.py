@@ -2,6 +2,8 @@
 <= 48 KB shared memory per CTA, no register spills and registers for the CTAs per SM it
 states (AOT, no GPU needed). One test id per spec label and arch."""
 
+import dataclasses
+
 import pytest
 
 from deepinfer_sm80.ampere_fit import (
@@ -109,3 +111,18 @@ def test_ctas_per_sm_must_fit_the_sms_shared_memory():
 def test_a_report_of_an_unknown_architecture_is_refused():
     with pytest.raises(ValueError, match="no limits for 'sm_89'"):
         fit_violations([_report("sm_89", 1024, 1)])
+
+
+def test_an_optin_kernel_is_held_to_its_architectures_block_limit():
+    """A kernel marked smem_optin (more than 48 KB by the dynamic opt-in) may use up to
+    its arch's per-block limit: 120,000 B fits sm_80 (166,912 B), not sm_86 (101,376 B);
+    unmarked, 50,000 B is over the 48 KB of a static allocation anywhere."""
+    optin = FitReport("k", "sm_80", 120_000, 230, 0, 0, threads=256, smem_optin=True)
+    assert fit_violations([optin]) == []
+    problem, per_sm = fit_violations([dataclasses.replace(optin, arch="sm_86")])
+    assert problem == (
+        "k on sm_86: 120000 B shared memory > 101376 B (sm_86's opt-in limit per block)"
+    )
+    assert per_sm.endswith("= 121024 B shared memory > the SM's 102400 B")
+    (problem,) = fit_violations([_report("sm_80", 50_000, 1)])
+    assert problem == "k on sm_80: 50000 B shared memory > 49152 B"

@@ -182,14 +182,19 @@ def fit_violations(
     reports: list[FitReport], smem_limit: int = STATIC_SMEM_LIMIT_BYTES
 ) -> list[str]:
     """Every way the reports miss the Ampere budget, one line each (empty = fits): per
-    CTA, shared memory and registers; per SM, ``min_ctas_per_sm`` CTAs' registers and
-    shared memory (each CTA's plus the driver's reserved KB) on the report's architecture
-    (``arch.arch_limits``)."""
+    CTA, shared memory (``smem_limit``, or for a report marked ``smem_optin`` the
+    architecture's opt-in limit per block) and registers; per SM, ``min_ctas_per_sm``
+    CTAs' registers and shared memory (each CTA's plus the driver's reserved KB) on the
+    report's architecture (``arch.arch_limits``)."""
 
     def over_budget(r: FitReport) -> list[str]:
         found = []
-        if r.shared_bytes > smem_limit:
-            found.append(f"{r.shared_bytes} B shared memory > {smem_limit} B")
+        limit = arch_limits(r.arch).optin_smem_per_block_bytes if r.smem_optin else smem_limit
+        if r.shared_bytes > limit:
+            found.append(
+                f"{r.shared_bytes} B shared memory > {limit} B"
+                + (f" ({r.arch}'s opt-in limit per block)" if r.smem_optin else "")
+            )
         sm_smem = arch_limits(r.arch).smem_per_sm_bytes
         per_sm = r.min_ctas_per_sm * (r.shared_bytes + RESERVED_SMEM_PER_BLOCK_BYTES)
         if per_sm > sm_smem:

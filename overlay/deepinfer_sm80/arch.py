@@ -154,6 +154,12 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # still in L2. On an H100 the two give the same bits; 1 is 7% faster at T=256 with
     # latency splits and up to 4.7% slower on small grids (benchmarks/sparse_mla_ab_grid_order.py,
     # NVIDIA_H100.ab_decode_grid_order.txt), so 0 ships.
+    # HEAD_TILES (1, 2 or 4): with more than 8 heads per rank, 1 runs the wide kernel (16
+    # heads per CTA); 2 or 4 run the narrow kernel with that many n-tiles of 8 heads per
+    # CTA (AttentionVariant.head_tiles: each row loaded and decoded once for 16 or 32
+    # heads; one CTA per SM, 230 registers and 56-67 KB of opt-in shared memory at 32
+    # heads on sm_80/86). benchmarks/sparse_mla_ab_head_tiles.py times it against the wide
+    # kernel; 1 ships until that run shows the gain.
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,
@@ -164,6 +170,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
             ("PREFETCH", 1),
             ("THROUGHPUT_ROWS_PER_SPLIT", 640),
             ("SPLITS_FASTEST", 0),
+            ("HEAD_TILES", 1),
         ),
     ),
     # The Triton prefill (where TileLang cannot run or DEEPINFER_SPARSE_MLA_PREFILL=triton).

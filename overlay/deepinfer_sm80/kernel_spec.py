@@ -228,3 +228,6 @@ class FitReport:
     error: str | None = None
     threads: int = 0
     min_ctas_per_sm: int = 1
+    # True for a kernel that asks for more than 48 KB of shared memory per CTA (the
+    # dynamic opt-in): it is held to its architecture's per-block limit instead.
+    smem_optin: bool = False

@@ -224,6 +224,7 @@ def fit_report(variant: TileLangVariant, cc: int):
             threads=variant.threads(),
             # Variants that cap registers for several CTAs per SM say how many.
             min_ctas_per_sm=getattr(variant, "min_ctas_per_sm", 1),
+            smem_optin=getattr(variant, "smem_optin", False),
         )
         return report, compile_s
     except Exception as exc:  # noqa: BLE001 -- every failure becomes a report line

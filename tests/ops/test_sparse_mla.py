@@ -524,14 +524,18 @@ def test_decode_deterministic_and_batch_invariant(device, engine, heads):
     assert torch.equal(single[0, :heads].view(torch.int16), first[t, :heads].view(torch.int16))
 
 
-def _with_splits_fastest(monkeypatch, on: bool):
+def _with_decode_constexpr(monkeypatch, name: str, value: int):
     cfg = arch.KERNEL_CONFIGS["sparse_mla.decode_tilelang"]
-    consts = {**cfg.constexpr_dict(), "SPLITS_FASTEST": int(on)}
+    consts = {**cfg.constexpr_dict(), name: value}
     monkeypatch.setitem(
         arch.KERNEL_CONFIGS,
         "sparse_mla.decode_tilelang",
         dataclasses.replace(cfg, constexprs=tuple(consts.items())),
     )
+
+
+def _with_splits_fastest(monkeypatch, on: bool):
+    _with_decode_constexpr(monkeypatch, "SPLITS_FASTEST", int(on))
 
 
 @pytest.mark.gpu
@@ -565,6 +569,132 @@ def test_splits_fastest_grid_gives_the_same_bits(device, monkeypatch, heads, row
     assert torch.equal(bits(out), bits(want)) and torch.equal(bits(graph_lse), bits(want_lse))
     for counters in tilelang_kernels._counters.values():
         assert counters.abs().sum().item() == 0
+
+
+# ------------------------------------------------------------------ head tiles
+# arch.py HEAD_TILES > 1: the narrow kernel with 2 or 4 n-tiles of 8 heads per CTA serves
+# more than 8 heads per rank (AttentionVariant.head_tiles). Off by default; these tests
+# run it wherever the GPU tier runs.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [2, 4])
+@pytest.mark.parametrize("heads", [64, 32, 20, 16, 9])
+@pytest.mark.parametrize("rows", [16, 192, 640])
+def test_head_tile_kernel_against_the_reference(device, monkeypatch, tiles, heads, rows):
+    """Against the fp64 reference on the error budget (padded heads keep their NaN poison,
+    lse within 1e-3): 40, 4 and 1 splits per token, tokens with fewer splits and with
+    none, head counts that fill 1 to 4 CTAs and leave owner warps idle (9, 20); one
+    token alone gives its bits in the batch; a CUDA-graph replay gives the eager bits;
+    the merge's counters are back at zero."""
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
+    _with_rows_per_split(monkeypatch, rows)
+    _with_decode_constexpr(monkeypatch, "HEAD_TILES", tiles)
+    narrow, used = tilelang_kernels.decode_kernel_shape(heads)
+    assert narrow and used == min(tiles, 2 if heads <= 16 else 4)
+    case = make_decode_case(
+        5, 64, seed=heads + rows, device=device, lens=[128, 128, 60, 0, 128],
+        extra_lens=[512, 100, 3, 0, 317],
+    )  # fmt: skip
+    got, _ = _check_decode(case, heads, f"head tiles {tiles}, H{heads}, {rows} rows")
+    bits = lambda x: x[:, :heads].contiguous().view(torch.int16)  # noqa: E731
+    single, _ = case.token(2).run(heads)
+    assert torch.equal(bits(single)[0], bits(got)[2])
+    out = torch.empty_like(case.q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        case.run(heads, out=out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(out), bits(got))
+    for counters in tilelang_kernels._counters.values():
+        assert counters.abs().sum().item() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mutant", mutants.MUTANTS)
+def test_head_tile_budget_rejects_every_mutant(device, monkeypatch, mutant):
+    """test_decode_budget_rejects_every_mutant on the head-tile kernel, 32 heads in one
+    CTA (HEAD_TILES 4)."""
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
+    _with_decode_constexpr(monkeypatch, "HEAD_TILES", 4)
+    heads = 32
+    case, out, lse, refs = _unmutated_decode(device, "tilelang-head-tiles", heads)
+    _check_decode_output(case, heads, "unmutated", out, lse, refs)
+    kernel_case, mutate = _decode_mutant(case, mutant)
+    if kernel_case is not None:
+        out, lse = kernel_case.run(heads, out=nan_empty(1, 64, 512, device=device))
+    if mutate is not None:
+        out = out.clone()
+        out[:, :heads] = mutate(out[:, :heads])
+    with pytest.raises(AssertionError, match=BUDGET_REJECTS):
+        _check_decode_output(case, heads, f"mutant {mutant}", out, lse, refs)
+
+
+def test_head_tile_variant_and_refusals():
+    td = tilelang_kernels
+    v = td.AttentionVariant(128, 512, True, True, 192, narrow=True, head_tiles=4)
+    assert (v.heads_per_cta, v.register_pv, v.min_ctas_per_sm) == (32, True, 1)
+    assert v.label == "sparse_mla.decode_tl[128+512,r192,p1,h32]"
+    assert v.callee().endswith(", 192, 4, 1, 56408, false, true, false, 4>")
+    assert v.smem_bytes() == 56408 and v.smem_optin  # 32 KB of partial logits
+    two = td.AttentionVariant(128, 512, True, True, 640, narrow=True, head_tiles=2)
+    assert two.heads_per_cta == 16 and two.smem_bytes() <= 48 * 1024 and not two.smem_optin
+    plain = td.AttentionVariant(128, 512, True, True, 192, narrow=True)
+    assert plain.callee().endswith(", false, false>") and plain.min_ctas_per_sm == 2
+    with pytest.raises(ValueError, match=r"head_tiles: one of \(1, 2, 4\), got 3"):
+        td.AttentionVariant(128, 512, True, True, 192, narrow=True, head_tiles=3)
+    with pytest.raises(ValueError, match="narrow decode kernel"):
+        td.AttentionVariant(128, 512, True, True, 192, head_tiles=2)
+    with pytest.raises(ValueError, match="narrow decode kernel"):
+        td.prefill_variant(640, True, True, narrow=True).__class__(
+            640, 0, True, True, 640, narrow=True, bf16_rows=True, head_tiles=2
+        )
+
+
+@pytest.mark.parametrize(
+    ("most", "heads", "shape"),
+    [
+        (1, 8, (True, 1)), (1, 16, (False, 1)), (1, 64, (False, 1)),
+        (2, 5, (True, 1)), (2, 16, (True, 2)), (2, 32, (True, 2)),
+        (4, 9, (True, 2)), (4, 16, (True, 2)), (4, 20, (True, 4)), (4, 64, (True, 4)),
+    ],
+)  # fmt: skip
+def test_decode_kernel_shape_follows_head_tiles(monkeypatch, most, heads, shape):
+    _with_decode_constexpr(monkeypatch, "HEAD_TILES", most)
+    assert tilelang_kernels.decode_kernel_shape(heads) == shape
+    narrow, tiles = shape
+    per_cta = 8 * tiles if narrow else 16
+    assert tilelang_kernels.counter_slots(10, heads) == 10 * -(-heads // per_cta)
+    with_tiles = [v for v in tilelang_kernels.shipped_variants() if v.head_tiles > 1]
+    assert {v.head_tiles for v in with_tiles} == {t for t in (2, 4) if t <= most}
+
+
+def test_an_unknown_head_tile_count_is_refused(monkeypatch):
+    _with_decode_constexpr(monkeypatch, "HEAD_TILES", 3)
+    with pytest.raises(ValueError, match=r"HEAD_TILES: one of \(1, 2, 4\), got 3"):
+        tilelang_kernels.decode_kernel_shape(32)
+
+
+@pytest.mark.aot
+def test_head_tile_kernels_fit_ampere():
+    """16 and 32 heads per CTA at both split sizes compile for sm_80 and sm_86 without
+    spills, one CTA per SM; 32 heads takes opt-in shared memory within each arch's
+    per-block limit."""
+    from deepinfer_sm80.ampere_fit import fit_violations, format_reports
+    from deepinfer_sm80.tilelang_build import fit_reports
+
+    variants = [
+        tilelang_kernels.AttentionVariant(128, 512, True, True, rows, narrow=True, head_tiles=t)
+        for t in (2, 4)
+        for rows in (192, 640)
+    ]
+    reports = fit_reports(variants, (80, 86))
+    print(format_reports(reports))
+    assert fit_violations(reports) == []
+    assert all(r.min_ctas_per_sm == 1 and r.registers > 128 for r in reports)
+    assert {r.smem_optin for r in reports if "h32" in r.label} == {True}
 
 
 @pytest.mark.gpu
@@ -785,6 +915,8 @@ _UNMUTATED_DECODES = {}  # engine -> (case, out, lse, refs): the interpreter is 
 
 
 def _unmutated_decode(device, engine, heads):
+    """``engine`` keys the cache: the engine fixture's value, or a name for another kernel
+    choice the caller has made."""
     if engine not in _UNMUTATED_DECODES:
         case = make_decode_case(1, 64, seed=16, device=device)
         # Sinks the softmax feels, from ~2 % to ~90 % of the weight across the heads: the

@@ -976,8 +976,18 @@ __device__ __forceinline__ void attention_cta(
 // 336. On the H200 it took the same time as the slices path at 640 rows and 6-13% more
 // at 192 (NVIDIA_H200.decode_tilelang_one_split_per_token.log), so short splits keep the
 // slices.
+//
+// Head tiles (kHeadTiles > 1, decode on the register path only): one CTA serves
+// 8 x kHeadTiles heads as kHeadTiles n-tiles of the same MMAs. A tile's rows are loaded
+// and decoded once for all of them, and PV's movmatrix'd A fragments feed kHeadTiles MMAs
+// each, where the wide kernel's head blocks each load and decode the rows again. The
+// partial logits (8 x 32 rows x 8 kHeadTiles fp32: 32 KB at 32 heads) and the register
+// budget (accumulator 16 kHeadTiles, query slice 8 kHeadTiles) take the kernel past 48 KB
+// and 128 registers: one CTA per SM, shared memory by opt-in (the arch's per-block
+// limit, tilelang_kernels.AttentionVariant.smem_limit_bytes). Warp w owns heads w + 8j,
+// the epilogue stages one n-tile of 8 heads at a time.
 // ---------------------------------------------------------------------------------------
-constexpr int kNarrowHeads = 8;
+constexpr int kNarrowHeads = 8;  // heads per n-tile
 constexpr int kNarrowRows = 32;
 constexpr int kStageStride = 516;  // fp32 per head of the output stage: 512 + 4, see below
 
@@ -985,16 +995,17 @@ constexpr int kStageStride = 516;  // fp32 per head of the output stage: 512 + 4
 // kSlices: 32 x 64 bf16 slices, one per warp for bf16 rows (prefill); for records
 // (decode) only the RoPE warp has slices, two (its cp.async double buffer): the NoPE
 // warps keep their decoded rows in registers for both MMAs.
-template <int kRowsPerSplit, int kTableRows, int kSlices>
+template <int kRowsPerSplit, int kTableRows, int kSlices, int kHeadTiles = 1>
 struct SmemNarrow {
   static constexpr int kPadded = (kRowsPerSplit + kNarrowRows - 1) / kNarrowRows * kNarrowRows;
+  static constexpr int kCtaHeads = kNarrowHeads * kHeadTiles;
   union {
     uint16_t ks[kSlices][kNarrowRows][64];  // bf16 slices, see ks_at
-    float stage[kNarrowHeads][kStageStride];  // epilogue: the CTA's output, natural dim order
+    float stage[kNarrowHeads][kStageStride];  // epilogue: one n-tile's output, natural dim order
   } u;
-  float sp[kWarps][kNarrowRows][kNarrowHeads];  // partial logits S^T, see sp_swizzle
-  uint16_t ps[kNarrowHeads][kNarrowRows + 8];   // P (bf16) as [head][row], 8 pad: ldmatrix
-  float alpha[kNarrowHeads];                    // rescale per head; the final factor at the end
+  float sp[kWarps][kNarrowRows][kCtaHeads];  // partial logits S^T, see sp_swizzle
+  uint16_t ps[kCtaHeads][kNarrowRows + 8];   // P (bf16) as [head][row], 8 pad: ldmatrix
+  float alpha[kCtaHeads];                    // rescale per head; the final factor at the end
   const uint8_t* rec[kPadded];                  // record addresses (nullptr = skip)
   // Per group and row, in lane order (see lane_order): the scale byte (0 for a skipped
   // row) and the folded factor's exponent field (127 for the RoPE group).
@@ -1013,9 +1024,15 @@ __device__ __forceinline__ int lane_order(int i) { return (i & ~31) | ((i & 7) <
 // the 8 rows of an ldmatrix matrix and a quarter-warp's stores hit 8 different bank groups.
 __device__ __forceinline__ int ks_at(int row, int chunk) { return row * 64 + 8 * (chunk ^ (row & 7)); }
 
-// Column of sp holding head h of row r: h ^ ((r / 4) % 8), so that the owner warp's lanes
-// (one row each, one head) read 32 different banks.
-__device__ __forceinline__ int sp_swizzle(int row) { return (row >> 2) & 7; }
+// Column of sp holding head h of row r: h ^ sp_swizzle(r), so that the owner warp's lanes
+// (one row each, one head) read 32 different banks: with 8 heads a row is 8 floats and the
+// swizzle (r / 4) % 8; with 16, (r / 2) % 16; with 32, r % 32.
+template <int kCtaHeads>
+__device__ __forceinline__ int sp_swizzle(int row) {
+  static_assert(kCtaHeads == 8 || kCtaHeads == 16 || kCtaHeads == 32, "8, 16 or 32 heads per CTA");
+  constexpr int kShift = kCtaHeads == 8 ? 2 : kCtaHeads == 16 ? 1 : 0;
+  return (row >> kShift) & (kCtaHeads - 1);
+}
 
 // Byte k of two exponent-field words (rows 2c + 8k and 2c + 1 + 8k) as the bf16x2 of
 // their factors: a power of two's bf16 is its exponent field << 7.
@@ -1025,7 +1042,7 @@ __device__ __forceinline__ uint32_t factor_pair_bf16(uint2 fields, int k) {
 
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
           int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows,
-          bool kRegisterPV, bool kSplitsFastest = false>
+          bool kRegisterPV, bool kSplitsFastest = false, int kHeadTiles = 1>
 __device__ __forceinline__ void attention_cta_narrow(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
@@ -1045,12 +1062,15 @@ __device__ __forceinline__ void attention_cta_narrow(
   // long splits' row tables (see the header of this kernel); with short splits the
   // slices path is the faster one.
   static_assert(!(kRegisterPV && kBf16Rows), "bf16 rows (prefill) keep the slices path");
-  using S = SmemNarrow<kRowsPerSplit, kBf16Rows ? 1 : kPaddedRows, kRegisterPV ? 2 : kWarps>;
+  static_assert(kHeadTiles == 1 || kRegisterPV, "head tiles: decode on the register path only");
+  constexpr int kCtaHeads = kNarrowHeads * kHeadTiles;
+  using S = SmemNarrow<kRowsPerSplit, kBf16Rows ? 1 : kPaddedRows, kRegisterPV ? 2 : kWarps,
+                       kHeadTiles>;
   static_assert(sizeof(S) <= kSmemBytes, "smem_bytes() is smaller than SmemNarrow");
   auto& sm = *reinterpret_cast<S*>(smem_raw);
-  const CtaPlace at = cta_place<kSplitsFastest, kMaxSplits, kNarrowHeads>(num_heads);
+  const CtaPlace at = cta_place<kSplitsFastest, kMaxSplits, kCtaHeads>(num_heads);
   const int64_t t = at.t;
-  const int head0 = at.head_block * kNarrowHeads;
+  const int head0 = at.head_block * kCtaHeads;
   const int split = at.split;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -1066,17 +1086,19 @@ __device__ __forceinline__ void attention_cta_narrow(
   //   loop), so their k order is the lane's own: k-step kk of lane c is dims
   //   16c + 4kk + {0, 2} (qb[kk][0]) and {1, 3} (qb[kk][1]), times 2^64.
   //   The RoPE warp reads K with ldmatrix: dims 16kk + 2c, +1 and 16kk + 8 + 2c, +1.
-  uint32_t qw[4][2];
-  {
-    const bool ok = head0 + g < num_heads;
+  // n-tile nt holds heads head0 + 8 nt + g.
+  uint32_t qw[kHeadTiles][4][2];
+#pragma unroll
+  for (int nt = 0; nt < kHeadTiles; ++nt) {
+    const bool ok = head0 + 8 * nt + g < num_heads;
     const uint16_t* q = reinterpret_cast<const uint16_t*>(q_addr) + t * q_stride_t + 64 * warp +
-                        static_cast<int64_t>(head0 + g) * q_stride_h;
+                        static_cast<int64_t>(head0 + 8 * nt + g) * q_stride_h;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint16_t* p0 = q + (nope ? 16 * c + 4 * kk : 16 * kk + 2 * c);
       const uint16_t* p1 = p0 + (nope ? 2 : 8);
-      qw[kk][0] = ok ? *reinterpret_cast<const uint32_t*>(p0) : 0u;
-      qw[kk][1] = ok ? *reinterpret_cast<const uint32_t*>(p1) : 0u;
+      qw[nt][kk][0] = ok ? *reinterpret_cast<const uint32_t*>(p0) : 0u;
+      qw[nt][kk][1] = ok ? *reinterpret_cast<const uint32_t*>(p1) : 0u;
     }
   }
 
@@ -1112,30 +1134,43 @@ __device__ __forceinline__ void attention_cta_narrow(
     if (lane == 0 && i < S::kPadded) sm.valid[i >> 5] = real;
   }
 
-  float acc[4][4];  // O^T: m-tile mt holds dims 16 mt + g (+ 8), heads 2c, 2c + 1
+  // O^T: acc[nt][mt] holds dims 16 mt + g (+ 8), heads 8 nt + 2c, 8 nt + 2c + 1.
+  float acc[kHeadTiles][4][4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // Owner state: warp w owns head w, lane l row l of each tile; l_run is the lane's share
-  // of the denominator until the loop ends.
-  float m_run = kNegBig;
-  float l_run = 0.f;
-  const bool owns_real_head = head0 + warp < num_heads;
-  if (!owns_real_head) {
-    sm.ps[warp][lane] = 0;
-    if (lane == 0) sm.alpha[warp] = 1.f;
+  for (int nt = 0; nt < kHeadTiles; ++nt)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[nt][j][0] = acc[nt][j][1] = acc[nt][j][2] = acc[nt][j][3] = 0.f;
+  // Owner state: warp w owns heads w + 8 j (j < kHeadTiles), lane l row l of each tile;
+  // l_run is the lane's share of the denominator until the loop ends.
+  float m_run[kHeadTiles];
+  float l_run[kHeadTiles];
+  bool owns_real_head[kHeadTiles];
+#pragma unroll
+  for (int j = 0; j < kHeadTiles; ++j) {
+    m_run[j] = kNegBig;
+    l_run[j] = 0.f;
+    owns_real_head[j] = head0 + warp + 8 * j < num_heads;
+    if (!owns_real_head[j]) {  // a padded head: P 0, never rescaled
+      sm.ps[warp + 8 * j][lane] = 0;
+      if (lane == 0) sm.alpha[warp + 8 * j] = 1.f;
+    }
   }
 
   __syncthreads();  // sm.rec / sm.valid are complete
 
-  uint32_t qb[4][2];
+  uint32_t qb[kHeadTiles][4][2];
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    if (nope) {  // qw[kk] = dims (0, 1), (2, 3) of the 4-dim block: pair (0, 2) and (1, 3)
-      qb[kk][0] = mul_bf16x2(__byte_perm(qw[kk][0], qw[kk][1], 0x5410), kQBiasBf16x2);
-      qb[kk][1] = mul_bf16x2(__byte_perm(qw[kk][0], qw[kk][1], 0x7632), kQBiasBf16x2);
-    } else {
-      qb[kk][0] = qw[kk][0];
-      qb[kk][1] = qw[kk][1];
+  for (int nt = 0; nt < kHeadTiles; ++nt) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t w0 = qw[nt][kk][0], w1 = qw[nt][kk][1];
+      if (nope) {  // qw = dims (0, 1), (2, 3) of the 4-dim block: pair (0, 2) and (1, 3)
+        qb[nt][kk][0] = mul_bf16x2(__byte_perm(w0, w1, 0x5410), kQBiasBf16x2);
+        qb[nt][kk][1] = mul_bf16x2(__byte_perm(w0, w1, 0x7632), kQBiasBf16x2);
+      } else {
+        qb[nt][kk][0] = w0;
+        qb[nt][kk][1] = w1;
+      }
     }
   }
 
@@ -1216,7 +1251,11 @@ __device__ __forceinline__ void attention_cta_narrow(
 
     // 1. Decode into the slice and 2. S^T over this warp's 64 dims (m-tiles of rows 0-15
     // and 16-31, 4 k-steps each).
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float s[kHeadTiles][2][4];
+#pragma unroll
+    for (int nt = 0; nt < kHeadTiles; ++nt)
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) s[nt][mt][0] = s[nt][mt][1] = s[nt][mt][2] = s[nt][mt][3] = 0.f;
     // The lane's decoded rows g + 8i (NoPE warps), kept for PV when kRegisterPV.
     uint32_t kw[4][8];
     if (nope) {
@@ -1248,7 +1287,9 @@ __device__ __forceinline__ void attention_cta_narrow(
         for (int mt = 0; mt < 2; ++mt) {
           const uint32_t a[4] = {kw[2 * mt][2 * kk], kw[2 * mt + 1][2 * kk],
                                  kw[2 * mt][2 * kk + 1], kw[2 * mt + 1][2 * kk + 1]};
-          mma_bf16(s[mt], a, qb[kk][0], qb[kk][1]);
+#pragma unroll
+          for (int nt = 0; nt < kHeadTiles; ++nt)
+            mma_bf16(s[nt][mt], a, qb[nt][kk][0], qb[nt][kk][1]);
         }
       }
     } else {
@@ -1276,7 +1317,10 @@ __device__ __forceinline__ void attention_cta_narrow(
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) mma_bf16(s[mt], ka[mt][kk], qb[kk][0], qb[kk][1]);
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kHeadTiles; ++nt)
+            mma_bf16(s[nt][mt], ka[mt][kk], qb[nt][kk][0], qb[nt][kk][1]);
       }
     }
     // The tile's bytes are used up: refill the buffer with the next tile (after QK, so
@@ -1286,24 +1330,30 @@ __device__ __forceinline__ void attention_cta_narrow(
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {  // rows 16 mt + g (+ 8), heads 2c and 2c + 1
+      for (int half = 0; half < 2; ++half) {  // rows 16 mt + g (+ 8), heads 8 nt + 2c (+ 1)
         const int row = 16 * mt + g + 8 * half;
         const uint32_t field = (qk_fields >> (8 * (2 * mt + half))) & 0xFFu;
         const float f = __uint_as_float(field << 23);
-        const float v0 = s[mt][2 * half] * f;
-        const float v1 = s[mt][2 * half + 1] * f;
-        const int sw = sp_swizzle(row);
-        // head 2c lands at column 2c ^ sw: the pair stays in one aligned float2, swapped
-        // when sw is odd
-        *reinterpret_cast<float2*>(&sm.sp[warp][row][(2 * c) ^ (sw & 6)]) =
-            (sw & 1) ? make_float2(v1, v0) : make_float2(v0, v1);
+        const int sw = sp_swizzle<kCtaHeads>(row);
+#pragma unroll
+        for (int nt = 0; nt < kHeadTiles; ++nt) {
+          const float v0 = s[nt][mt][2 * half] * f;
+          const float v1 = s[nt][mt][2 * half + 1] * f;
+          // head h = 8 nt + 2c lands at column h ^ sw: the pair stays in one aligned
+          // float2, swapped when sw is odd
+          *reinterpret_cast<float2*>(&sm.sp[warp][row][(8 * nt + 2 * c) ^ (sw & ~1)]) =
+              (sw & 1) ? make_float2(v1, v0) : make_float2(v0, v1);
+        }
       }
     }
     __syncthreads();
 
-    // 3. Owner of head `warp`: row `lane`'s full logit, the running maximum, P^T.
-    if (owns_real_head) {
-      const int col = warp ^ sp_swizzle(lane);
+    // 3. Owner of heads `warp` + 8 j: row `lane`'s full logit, the running maximum, P^T.
+#pragma unroll
+    for (int j = 0; j < kHeadTiles; ++j) {
+      if (!owns_real_head[j]) continue;
+      const int hh = warp + 8 * j;
+      const int col = hh ^ sp_swizzle<kCtaHeads>(lane);
       float part[kWarps];
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) part[w] = sm.sp[w][lane][col];
@@ -1311,35 +1361,41 @@ __device__ __forceinline__ void attention_cta_narrow(
                 ((part[4] + part[5]) + (part[6] + part[7]));
       x = ((valid >> lane) & 1u) ? x * scale_log2 : -INFINITY;
       const float mx = from_order_key(__reduce_max_sync(0xffffffffu, order_key(x)));
-      const float m_new = fmaxf(m_run, mx);
-      const float alpha = fast_exp2(m_run - m_new);
+      const float m_new = fmaxf(m_run[j], mx);
+      const float alpha = fast_exp2(m_run[j] - m_new);
       const float p = fast_exp2(x - m_new);
-      l_run = l_run * alpha + p;
-      m_run = m_new;
+      l_run[j] = l_run[j] * alpha + p;
+      m_run[j] = m_new;
       const __nv_bfloat16 pb = __float2bfloat16_rn(p);
-      sm.ps[warp][lane] = *reinterpret_cast<const uint16_t*>(&pb);
-      if (lane == 0) sm.alpha[warp] = alpha;
+      sm.ps[hh][lane] = *reinterpret_cast<const uint16_t*>(&pb);
+      if (lane == 0) sm.alpha[hh] = alpha;
     }
     __syncthreads();
 
     // 4. O^T = O^T * alpha + V^T . P^T over the tile's two 16-row k-steps.
     {
-      const float2 a = *reinterpret_cast<const float2*>(&sm.alpha[2 * c]);
-      if (!__all_sync(0xffffffffu, a.x == 1.f && a.y == 1.f)) {
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          acc[mt][0] *= a.x;
-          acc[mt][1] *= a.y;
-          acc[mt][2] *= a.x;
-          acc[mt][3] *= a.y;
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        const float2 a = *reinterpret_cast<const float2*>(&sm.alpha[8 * nt + 2 * c]);
+        if (!__all_sync(0xffffffffu, a.x == 1.f && a.y == 1.f)) {
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt) {
+            acc[nt][mt][0] *= a.x;
+            acc[nt][mt][1] *= a.y;
+            acc[nt][mt][2] *= a.x;
+            acc[nt][mt][3] *= a.y;
+          }
         }
       }
-      // B fragments of both k-steps: P[head g][rows 2c, 2c+1 | 8+2c, 9+2c | 16+.. | 24+..],
-      // each pair times its rows' folded factors.
-      uint32_t pb[4];
-      ldsm_x4(pb, &sm.ps[lane & 7][8 * (lane >> 3)]);
+      // B fragments of both k-steps: P[head 8 nt + g][rows 2c, 2c+1 | 8+2c, 9+2c | 16+.. |
+      // 24+..], each pair times its rows' folded factors.
+      uint32_t pb[kHeadTiles][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) pb[j] = mul_bf16x2(pb[j], factor_pair_bf16(pv_fields, j));
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        ldsm_x4(pb[nt], &sm.ps[8 * nt + (lane & 7)][8 * (lane >> 3)]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pb[nt][j] = mul_bf16x2(pb[nt][j], factor_pair_bf16(pv_fields, j));
+      }
       if (kRegisterPV && nope) {
         // V^T's A fragments are QK's transposed 8 x 8 blocks: movmatrix of kw[i][w]
         // gives lane (g, c) dim 16 (g / 2) + 4 (w / 2) + 2 (g % 2) + w % 2 (the raw
@@ -1353,7 +1409,9 @@ __device__ __forceinline__ void attention_cta_narrow(
                                     movmatrix_trans(kw[2 * k][2 * mt + 1]),
                                     movmatrix_trans(kw[2 * k + 1][2 * mt]),
                                     movmatrix_trans(kw[2 * k + 1][2 * mt + 1])};
-            mma_bf16(acc[mt], va, pb[2 * k], pb[2 * k + 1]);
+#pragma unroll
+            for (int nt = 0; nt < kHeadTiles; ++nt)
+              mma_bf16(acc[nt][mt], va, pb[nt][2 * k], pb[nt][2 * k + 1]);
           }
         }
       } else {
@@ -1364,7 +1422,9 @@ __device__ __forceinline__ void attention_cta_narrow(
             uint32_t va[4];
             ldsm_x4_trans(va, ks + ks_at(16 * k + (lane & 7) + 8 * (lane >> 4),
                                          2 * mt + ((lane >> 3) & 1)));
-            mma_bf16(acc[mt], va, pb[2 * k], pb[2 * k + 1]);
+#pragma unroll
+            for (int nt = 0; nt < kHeadTiles; ++nt)
+              mma_bf16(acc[nt][mt], va, pb[nt][2 * k], pb[nt][2 * k + 1]);
           }
         }
       }
@@ -1373,84 +1433,96 @@ __device__ __forceinline__ void attention_cta_narrow(
     if (kRegisterPV && !nope) ks = ks_next;
   }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, off);
+  for (int j = 0; j < kHeadTiles; ++j)
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) l_run[j] += __shfl_xor_sync(0xffffffffu, l_run[j], off);
 
-  __syncthreads();  // every slice read and the last tile's alpha are done: stage the output
-  // acc[mt][0..3] = O^T at slice column 16 mt + g (+ 8 for [2], [3]), heads 2c, 2c + 1. A
-  // NoPE column j holds dim (j & ~3) | (j & 1) << 1 | (j >> 1) & 1 (the raw decode's pair
-  // order) and is out x 2^-64; on the register path NoPE m-row g (+ 8) of m-tile mt holds
-  // dim 16 (g / 2) + 4 mt + 2 (g % 2) (+ 1), see PV. Head rows 2c of the stage are
-  // 2 x 516 floats apart: the 32 lanes' stores hit 32 banks (the register path's NoPE
-  // stores: 8 banks, 4-way, 16 stores a lane; about 0.04 us a CTA on the H200).
+  // One n-tile of 8 heads at a time through the stage; warp w writes head 8 nt + w, whose
+  // owner it is.
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
+  for (int nt = 0; nt < kHeadTiles; ++nt) {
+    // Every slice read and the last tile's alpha (nt 0), or the previous n-tile's stage
+    // reads, are done.
+    __syncthreads();
+    // acc[nt][mt][0..3] = O^T at slice column 16 mt + g (+ 8 for [2], [3]), heads 2c, 2c + 1
+    // of the n-tile. A NoPE column j holds dim (j & ~3) | (j & 1) << 1 | (j >> 1) & 1 (the
+    // raw decode's pair order) and is out x 2^-64; on the register path NoPE m-row g (+ 8)
+    // of m-tile mt holds dim 16 (g / 2) + 4 mt + 2 (g % 2) (+ 1), see PV. Head rows 2c of
+    // the stage are 2 x 516 floats apart: the 32 lanes' stores hit 32 banks (the register
+    // path's NoPE stores: 8 banks, 4-way, 16 stores a lane; about 0.04 us a CTA on the H200).
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int j = 16 * mt + g + 8 * half;
-      const int nope_col = kRegisterPV ? 16 * (g >> 1) + 4 * mt + 2 * (g & 1) + half
-                                       : (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
-      const int d = 64 * warp + (nope ? nope_col : j);
-      const float unbias = nope ? kAccUnbias : 1.f;
-      sm.u.stage[2 * c][d] = acc[mt][2 * half] * unbias;
-      sm.u.stage[2 * c + 1][d] = acc[mt][2 * half + 1] * unbias;
-    }
-  }
-  const int64_t h = head0 + warp;  // the owner warp's head, and the head this warp writes
-  const bool real = h < num_heads;
-  if (n_splits == 1) {
-    // Owner: normalization (sink in the denominator only) and lse, natural log.
-    if (lane == 0) {
-      const bool has_rows = l_run > 0.f;
-      const float lse = has_rows ? (m_run + log2f(l_run)) / kLog2e : -INFINITY;
-      float alpha = 1.f;
-      float den = l_run;
-      if (kHasSink) {
-        const float sink = real ? reinterpret_cast<const float*>(sink_addr)[h] * kLog2e : 0.f;
-        const float m_f = fmaxf(m_run, sink);
-        alpha = exp2f(m_run - m_f);
-        den = l_run * alpha + exp2f(sink - m_f);
+    for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = 16 * mt + g + 8 * half;
+        const int nope_col = kRegisterPV ? 16 * (g >> 1) + 4 * mt + 2 * (g & 1) + half
+                                         : (j & ~3) | ((j & 1) << 1) | ((j >> 1) & 1);
+        const int d = 64 * warp + (nope ? nope_col : j);
+        const float unbias = nope ? kAccUnbias : 1.f;
+        sm.u.stage[2 * c][d] = acc[nt][mt][2 * half] * unbias;
+        sm.u.stage[2 * c + 1][d] = acc[nt][mt][2 * half + 1] * unbias;
       }
-      if (!(den > 0.f)) den = 1.f;  // no rows and no sink: output 0
-      sm.alpha[warp] = alpha / den;
+    }
+    const int hh = 8 * nt + warp;  // the owner warp's head in the CTA
+    const int64_t h = head0 + hh;  // and in the layer
+    const bool real = h < num_heads;
+    if (n_splits == 1) {
+      // Owner: normalization (sink in the denominator only) and lse, natural log.
+      if (lane == 0) {
+        const bool has_rows = l_run[nt] > 0.f;
+        const float lse = has_rows ? (m_run[nt] + log2f(l_run[nt])) / kLog2e : -INFINITY;
+        float alpha = 1.f;
+        float den = l_run[nt];
+        if (kHasSink) {
+          const float sink = real ? reinterpret_cast<const float*>(sink_addr)[h] * kLog2e : 0.f;
+          const float m_f = fmaxf(m_run[nt], sink);
+          alpha = exp2f(m_run[nt] - m_f);
+          den = l_run[nt] * alpha + exp2f(sink - m_f);
+        }
+        if (!(den > 0.f)) den = 1.f;  // no rows and no sink: output 0
+        sm.alpha[hh] = alpha / den;
+        if (real) {
+          lse_ptr[t * lse_stride_t + h] = lse;
+          if (max_logits_addr != 0)  // prefill, as in the wide kernel
+            reinterpret_cast<float*>(max_logits_addr)[t * lse_stride_t + h] =
+                has_rows ? m_run[nt] / kLog2e : -INFINITY;
+        }
+      }
+      __syncthreads();
       if (real) {
-        lse_ptr[t * lse_stride_t + h] = lse;
-        if (max_logits_addr != 0)  // prefill, as in the wide kernel
-          reinterpret_cast<float*>(max_logits_addr)[t * lse_stride_t + h] =
-              has_rows ? m_run / kLog2e : -INFINITY;
-      }
-    }
-    __syncthreads();
-    if (real) {
-      const float f = sm.alpha[warp];
-      __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(out_addr) + t * out_stride_t + h * out_stride_h;
+        const float f = sm.alpha[hh];
+        __nv_bfloat16* out =
+            reinterpret_cast<__nv_bfloat16*>(out_addr) + t * out_stride_t + h * out_stride_h;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int d = 128 * k + 4 * lane;
-        const float4 v = *reinterpret_cast<const float4*>(&sm.u.stage[warp][d]);
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * f, v.y * f);
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * f, v.w * f);
-        *reinterpret_cast<uint2*>(out + d) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
-                                                        *reinterpret_cast<const uint32_t*>(&hi));
+        for (int k = 0; k < 4; ++k) {
+          const int d = 128 * k + 4 * lane;
+          const float4 v = *reinterpret_cast<const float4*>(&sm.u.stage[warp][d]);
+          const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x * f, v.y * f);
+          const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z * f, v.w * f);
+          *reinterpret_cast<uint2*>(out + d) = make_uint2(
+              *reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+        }
       }
-    }
-  } else {
-    if (lane == 0 && real) {
-      float* ml = reinterpret_cast<float*>(part_ml_addr) + ((t * num_heads + h) * kMaxSplits + split) * 2;
-      ml[0] = m_run;
-      ml[1] = l_run;
-    }
-    __syncthreads();
-    if (real) {
-      float* part = reinterpret_cast<float*>(part_acc_addr) + ((t * num_heads + h) * kMaxSplits + split) * 512;
+    } else {
+      if (lane == 0 && real) {
+        float* ml = reinterpret_cast<float*>(part_ml_addr) + ((t * num_heads + h) * kMaxSplits + split) * 2;
+        ml[0] = m_run[nt];
+        ml[1] = l_run[nt];
+      }
+      __syncthreads();
+      if (real) {
+        float* part = reinterpret_cast<float*>(part_acc_addr) + ((t * num_heads + h) * kMaxSplits + split) * 512;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int d = 128 * k + 4 * lane;
-        *reinterpret_cast<float4*>(part + d) = *reinterpret_cast<const float4*>(&sm.u.stage[warp][d]);
+        for (int k = 0; k < 4; ++k) {
+          const int d = 128 * k + 4 * lane;
+          *reinterpret_cast<float4*>(part + d) = *reinterpret_cast<const float4*>(&sm.u.stage[warp][d]);
+        }
       }
+      if (nt == kHeadTiles - 1)  // every head's partials are stored
+        merge_splits_if_last<kMaxSplits, kHasSink, kCtaHeads>(
+            counters_addr, at, n_splits, part_acc_addr, part_ml_addr, out_addr, out_stride_t,
+            out_stride_h, lse_ptr, lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);
     }
-    merge_splits_if_last<kMaxSplits, kHasSink, kNarrowHeads>(
-        counters_addr, at, n_splits, part_acc_addr, part_ml_addr, out_addr, out_stride_t,
-        out_stride_h, lse_ptr, lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);
   }
 }
 

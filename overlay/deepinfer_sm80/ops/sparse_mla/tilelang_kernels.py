@@ -41,6 +41,7 @@ ROWS_PER_TILE = 16  # its tile, and the granule of every split
 # transposed so that n = 8 heads, 32-row tiles.
 NARROW_HEADS = 8
 NARROW_ROWS = 32
+HEAD_TILES = (1, 2, 4)  # the narrow kernel's n-tiles of 8 heads per CTA
 SOURCE_FILE = Path(__file__).with_name("attention_sm80.cuh")
 # Two CTAs per SM on sm_80 and sm_86: 128 registers per thread at most.
 MIN_CTAS_PER_SM = 2
@@ -66,11 +67,23 @@ class AttentionVariant:
     # i is split + max_splits * (head block + head blocks * token), so a token's splits
     # run side by side. Same bits as False on an H100 (NVIDIA_H100.ab_decode_grid_order.txt).
     splits_fastest: bool = False
+    # The narrow kernel's n-tiles of 8 heads per CTA (kHeadTiles in attention_sm80.cuh): 1,
+    # or 2 or 4 (16 or 32 heads; decode, register path for PV), which loads and decodes
+    # each row once for all of them. Past 128 registers and 48 KB: one CTA per SM, shared
+    # memory by opt-in (``smem_optin``).
+    head_tiles: int = 1
 
     def __post_init__(self) -> None:
         if self.rows_per_split % ROWS_PER_TILE:
             raise ValueError(
                 f"rows_per_split: must be a multiple of {ROWS_PER_TILE}, got {self.rows_per_split}"
+            )
+        if self.head_tiles not in HEAD_TILES:
+            raise ValueError(f"head_tiles: one of {HEAD_TILES}, got {self.head_tiles}")
+        if self.head_tiles > 1 and (not self.narrow or self.bf16_rows):
+            raise ValueError(
+                f"head_tiles={self.head_tiles}: n-tiles of heads are the narrow decode "
+                "kernel's (narrow=True, bf16_rows=False)"
             )
         if self.narrow and self.prefetch != 1:
             raise ValueError(
@@ -85,7 +98,7 @@ class AttentionVariant:
 
     @property
     def heads_per_cta(self) -> int:
-        return NARROW_HEADS if self.narrow else HEADS_PER_CTA
+        return NARROW_HEADS * self.head_tiles if self.narrow else HEADS_PER_CTA
 
     @property
     def has_extra(self) -> bool:
@@ -101,7 +114,8 @@ class AttentionVariant:
         op = "prefill" if self.bf16_rows else "decode"
         return (
             f"sparse_mla.{op}_tl[{self.main_width}+{self.extra_width},"
-            f"r{self.rows_per_split},p{self.prefetch}{flags}{',h8' if self.narrow else ''}"
+            f"r{self.rows_per_split},p{self.prefetch}{flags}"
+            f"{f',h{self.heads_per_cta}' if self.narrow else ''}"
             f"{',splits-fastest' if self.splits_fastest else ''}]"
         )
 
@@ -109,16 +123,25 @@ class AttentionVariant:
     def register_pv(self) -> bool:
         """The narrow kernel's register path for PV (``kRegisterPV`` in attention_sm80.cuh),
         taken exactly when its slices path would not fit Ampere's 48 KB: long splits'
-        row tables. With short splits the register path is 6-13% slower (H200)."""
+        row tables. With short splits the register path is 6-13% slower (H200). Head
+        tiles always take it."""
         return (
             self.narrow
             and not self.bf16_rows
-            and self._smem_bytes(register_pv=False) > STATIC_SMEM_LIMIT_BYTES
+            and (
+                self.head_tiles > 1 or self._smem_bytes(register_pv=False) > STATIC_SMEM_LIMIT_BYTES
+            )
         )
 
     @property
     def min_ctas_per_sm(self) -> int:
-        return MIN_CTAS_PER_SM
+        return 1 if self.head_tiles > 1 else MIN_CTAS_PER_SM
+
+    @property
+    def smem_optin(self) -> bool:
+        """More than 48 KB of shared memory per CTA (head tiles): held to the arch's opt-in
+        limit per block (``arch.ArchLimits``), which TileLang's launcher requests."""
+        return self.smem_bytes() > STATIC_SMEM_LIMIT_BYTES
 
     def threads(self) -> int:
         return THREADS
@@ -135,10 +158,11 @@ class AttentionVariant:
             # bf16 slices, sharing their space with the output stage: one per warp, or
             # with the register path only the RoPE warp's two (its cp.async double buffer)
             slices = (2 if register_pv else 8) * NARROW_ROWS * 64 * 2
-            stage = NARROW_HEADS * 516 * 4
-            sp = 8 * NARROW_ROWS * NARROW_HEADS * 4
-            ps = NARROW_HEADS * (NARROW_ROWS + 8) * 2
-            alpha = NARROW_HEADS * 4
+            stage = NARROW_HEADS * 516 * 4  # one n-tile at a time
+            heads = self.heads_per_cta
+            sp = 8 * NARROW_ROWS * heads * 4
+            ps = heads * (NARROW_ROWS + 8) * 2
+            alpha = heads * 4
             table_rows = 1 if self.bf16_rows else padded  # bf16 rows have no scales
             scales_fields = -(-15 * table_rows // 4) * 4  # 7 + 8 bytes a row, then 4-aligned
             tables = 8 * padded + scales_fields  # record pointers, then the byte tables
@@ -164,8 +188,14 @@ class AttentionVariant:
             f"{b[self.has_extra]}, {b[self.has_len]}, {b[self.has_sink]}, "
             f"{self.rows_per_split}, {self.max_splits}, {self.prefetch}, {self.smem_bytes()}, "
             f"{b[self.bf16_rows]}{(', ' + b[self.register_pv]) if self.narrow else ''}"
-            f"{', true' if self.splits_fastest else ''}>"
+            f"{self._tail_arguments()}>"
         )
+
+    def _tail_arguments(self) -> str:
+        """The defaulted template arguments: kSplitsFastest, then (narrow) kHeadTiles."""
+        if self.head_tiles > 1:
+            return f", {'true' if self.splits_fastest else 'false'}, {self.head_tiles}"
+        return ", true" if self.splits_fastest else ""
 
     def build(self):
         """The TileLang PrimFunc. Every buffer travels as an address (``int64``) with its
@@ -181,6 +211,7 @@ class AttentionVariant:
         max_splits = self.max_splits
         heads_per_cta = self.heads_per_cta
         splits_fastest = self.splits_fastest
+        min_ctas = self.min_ctas_per_sm
 
         def launch_grid(num_tokens, num_heads) -> tuple:
             """The grid of either order (``cta_place`` in attention_sm80.cuh decodes it)."""
@@ -222,7 +253,7 @@ class AttentionVariant:
         ):
             with T.Kernel(*launch_grid(num_tokens, num_heads), threads=THREADS):
                 T.import_source(source)
-                T.annotate_min_blocks_per_sm(MIN_CTAS_PER_SM)
+                T.annotate_min_blocks_per_sm(min_ctas)
                 buf = T.alloc_shared((smem,), "uint8")
                 T.call_extern(
                     "handle",
@@ -311,6 +342,17 @@ def shipped_variants() -> list[AttentionVariant]:
         for main, extra in widths
         if main + extra > rps
     ]
+    # arch.py HEAD_TILES > 1: the narrow kernel with n-tiles of heads for 16 heads (2) and
+    # up to HEAD_TILES (decode_kernel_shape), at both split sizes.
+    split_sizes = (rps, cfg["THROUGHPUT_ROWS_PER_SPLIT"])
+    decode += [
+        AttentionVariant(main, extra, True, True, size, 1, True, head_tiles=tiles, **order)
+        for tiles in HEAD_TILES
+        if 1 < tiles <= cfg["HEAD_TILES"]
+        for main, extra in widths
+        for size in split_sizes
+        if size == rps or main + extra > rps
+    ]
     # Prefill index rows: round_up(topk + window, 128) wide (vLLM's
     # combine_topk_swa_indices): 640 with Top-K 512, 128 for SWA-only layers.
     prefill = [
@@ -349,9 +391,29 @@ _counters: dict[tuple, object] = {}
 _kept_alive: list = []
 
 
+def decode_kernel_shape(heads: int) -> tuple[bool, int]:
+    """``(narrow, head_tiles)`` of the decode kernel for ``heads`` per rank: the narrow
+    kernel for 8 or fewer; above that the wide kernel, or with arch.py's ``HEAD_TILES`` > 1
+    the narrow kernel with up to that many n-tiles of 8 heads (no more than the heads
+    fill: 16 heads take 2). Fixed per deployment, so batch-invariant."""
+    if heads <= NARROW_HEADS:
+        return True, 1
+    most = kernel_config("sparse_mla.decode_tilelang").constexpr_dict().get("HEAD_TILES", 1)
+    if most not in HEAD_TILES:
+        raise ValueError(
+            f"arch.py sparse_mla.decode_tilelang HEAD_TILES: one of {HEAD_TILES}, got {most}"
+        )
+    if most == 1:
+        return False, 1
+    needed = -(-heads // NARROW_HEADS)
+    enough = [t for t in HEAD_TILES if t >= needed]
+    return True, min(most, enough[0] if enough else HEAD_TILES[-1])
+
+
 def counter_slots(tokens: int, heads: int) -> int:
     """One counter per (token, head block) of the launch grid."""
-    per_cta = NARROW_HEADS if heads <= NARROW_HEADS else HEADS_PER_CTA
+    narrow, tiles = decode_kernel_shape(heads)
+    per_cta = NARROW_HEADS * tiles if narrow else HEADS_PER_CTA
     return tokens * -(-heads // per_cta)
 
 
@@ -448,15 +510,17 @@ def launch(
             f"arch.py sparse_mla.decode_tilelang: BLOCK_H/BLOCK_N are the kernel's fixed "
             f"tile ({HEADS_PER_CTA}/{ROWS_PER_TILE}), got {cfg['BLOCK_H']}/{cfg['BLOCK_N']}"
         )
+    narrow, head_tiles = decode_kernel_shape(heads)
     variant = AttentionVariant(
         main_width=main_idx.shape[1],
         extra_width=extra_idx.shape[1] if extra is not None else 0,
         has_len=main_len is not None,
         has_sink=attn_sink is not None,
         rows_per_split=rows_per_split,
-        prefetch=1 if heads <= NARROW_HEADS else prefetch,
-        narrow=heads <= NARROW_HEADS,
+        prefetch=1 if narrow else prefetch,
+        narrow=narrow,
         splits_fastest=bool(cfg["SPLITS_FASTEST"]),
+        head_tiles=head_tiles,
     )
     if variant not in _seen:
         # A variant warmup did not build compiles on first use (about 2 s, with nvcc):

@@ -1,0 +1,255 @@
+"""A/B of the TileLang sparse-MLA decode at more than 8 heads per rank: the wide kernel
+(arch.py ``HEAD_TILES`` 1, 16 heads per CTA) against the narrow kernel with n-tiles of
+heads (``HEAD_TILES`` 2 or 4: 16 or 32 heads per CTA, each row loaded and decoded once
+for all of them; ``AttentionVariant.head_tiles``).
+
+For 16, 32 and 64 heads per rank, T in (1, 4, 16, 64, 256) and both split modes
+(``engine.decode_split_mode``) on the sparse_mla suite's decode inputs
+(``microbench_sparse_mla.decode_inputs``: SWA 128 + Top-K 512, every row used), A and B
+run in this one process. B's output must be within 1e-2 relative Frobenius error of A's
+and its lse within 1e-3 of A's (the two kernels round differently; each is checked
+against the fp64 reference on the GPU tier, ``test_head_tile_kernel_against_the_reference``):
+otherwise no time is reported. Then both are timed as GPU work only with CUDA events,
+cold L2, interleaved rep by rep (``runner.CudaTimer.interleaved``), and each case is put
+against its own roofline: max(bytes / copy bandwidth, FLOP / mma.sync ceiling), both
+measured here (the ceiling: ``sparse_mla_mma_sync_peak``'s kernel at 16 warps per SM,
+the best of 2, 4 and 8 chains). One line per case, and a JSON report at ``--out``.
+
+Run (CUDA GPU with TileLang): ``PYTHONPATH=overlay:. python3 -m
+benchmarks.sparse_mla_ab_head_tiles --out results.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+CONFIG = "sparse_mla.decode_tilelang"
+HEADS = (16, 32, 64)
+TOKENS = (1, 4, 16, 64, 256)
+SPLIT_MODES = ("latency", "throughput")
+WIDTHS = (128, 512)  # SWA window + Top-K rows: V4.1's compressed layers
+
+MIN_REPS = 50
+REL_TOL = 1e-2
+LSE_ATOL = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class AbCase:
+    heads: int
+    T: int
+    splits: str
+
+    @property
+    def name(self) -> str:
+        return f"H{self.heads}_T{self.T}_{self.splits}"
+
+    def bytes_moved(self) -> int:
+        """Records read once per token; q read and out written per real head."""
+        from deepinfer_sm80.ops.kv_cache.layout import RECORD_BYTES
+
+        return self.T * (sum(WIDTHS) * RECORD_BYTES + self.heads * 512 * 2 * 2)
+
+    def flops(self) -> int:
+        return self.T * self.heads * sum(WIDTHS) * 512 * 4
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="path of the JSON report")
+    parser.add_argument("--reps", type=int, default=MIN_REPS, help=f"timed reps (>= {MIN_REPS})")
+    parser.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--splits", nargs="+", default=list(SPLIT_MODES), choices=SPLIT_MODES)
+    parser.add_argument(
+        "--tiles", type=int, default=4, choices=(2, 4), help="B's HEAD_TILES (default 4)"
+    )
+    args = parser.parse_args(argv)
+    if args.reps < MIN_REPS:
+        parser.error(f"--reps: at least {MIN_REPS}, got {args.reps}")
+    if any(not 8 < h <= 64 for h in args.heads) or any(t <= 0 for t in args.tokens):
+        parser.error(
+            "--heads: 9..64 (8 or fewer run the narrow kernel either way); --tokens: positive"
+        )
+    return args
+
+
+def cases(args: argparse.Namespace) -> list[AbCase]:
+    return [AbCase(h, t, s) for s in args.splits for h in args.heads for t in args.tokens]
+
+
+@contextlib.contextmanager
+def head_tiles(tiles: int) -> Iterator[None]:
+    """arch.py's TileLang decode config with HEAD_TILES set, for the block's calls."""
+    from deepinfer_sm80 import arch
+
+    base = arch.KERNEL_CONFIGS[CONFIG]
+    consts = {**base.constexpr_dict(), "HEAD_TILES": tiles}
+    arch.KERNEL_CONFIGS[CONFIG] = dataclasses.replace(base, constexprs=tuple(consts.items()))
+    try:
+        yield
+    finally:
+        arch.KERNEL_CONFIGS[CONFIG] = base
+
+
+def agreement(a: tuple, b: tuple) -> dict:
+    """B against A: relative Frobenius error of out, largest |lse difference|, finiteness."""
+    import torch
+
+    (out_a, lse_a), (out_b, lse_b) = a, b
+    finite = bool(torch.isfinite(out_b).all())
+    rel = float((out_b.float() - out_a.float()).norm() / out_a.float().norm().clamp_min(1e-30))
+    lse = float((lse_b - lse_a).abs().max())
+    return {
+        "rel_err_out": rel,
+        "max_abs_diff_lse": lse,
+        "agree": finite and rel <= REL_TOL and lse <= LSE_ATOL,
+    }
+
+
+def run_case(case: AbCase, tiles: int, timer, roofline_s) -> dict:
+    import torch
+
+    from benchmarks.microbench_sparse_mla import decode_inputs, run_decode
+
+    st = decode_inputs(case.T, case.heads, *WIDTHS)
+
+    def call(b: bool):
+        with head_tiles(tiles if b else 1):  # A writes outs[0], B outs[1]
+            return run_decode(st, case.heads, case.splits, out_slot=int(b))
+
+    row: dict = {"case": case.name, **dataclasses.asdict(case), "tiles_b": tiles}
+    got = {}
+    for b in (False, True):
+        t0 = time.perf_counter()
+        out, lse = call(b)
+        torch.cuda.synchronize()
+        row["first_call_s_" + ("b" if b else "a")] = round(time.perf_counter() - t0, 2)
+        got[b] = (out[:, : case.heads].clone(), lse[:, : case.heads].clone())
+    row.update(agreement(got[False], got[True]))
+    if not row["agree"]:
+        return row
+    t_a, t_b = timer.interleaved([lambda: call(False), lambda: call(True)])
+    roof_us = roofline_s(case) * 1e6
+    row.update(
+        a_median_us=t_a.median_us,
+        a_p80_us=t_a.p80_us,
+        b_median_us=t_b.median_us,
+        b_p80_us=t_b.p80_us,
+        speedup_median=t_a.median_us / t_b.median_us,
+        speedup_p80=t_a.p80_us / t_b.p80_us,
+        roofline_us=roof_us,
+        a_roofline_fraction=roof_us / t_a.median_us,
+        b_roofline_fraction=roof_us / t_b.median_us,
+    )
+    return row
+
+
+def _line(row: dict, gpu: str) -> str:
+    head = f"{gpu} | {row['case']:20s}"
+    if not row["agree"]:
+        return (
+            f"{head} | B DISAGREES WITH A (rel err {row['rel_err_out']:.3g}, lse "
+            f"{row['max_abs_diff_lse']:.3g}): not timed"
+        )
+    return (
+        f"{head} | A wide {row['a_median_us']:8.1f} us (p80 {row['a_p80_us']:8.1f},"
+        f" {row['a_roofline_fraction']:5.1%} of roofline) | B head tiles x{row['tiles_b']}"
+        f" {row['b_median_us']:8.1f} us (p80 {row['b_p80_us']:8.1f},"
+        f" {row['b_roofline_fraction']:5.1%}) | A/B {row['speedup_median']:.3f}x"
+        f" (p80 {row['speedup_p80']:.3f}x) | roofline {row['roofline_us']:.1f} us"
+        f" | rel err {row['rel_err_out']:.2e}"
+    )
+
+
+def mma_sync_ceiling_tflops(timer) -> float:
+    """sparse_mla_mma_sync_peak's kernel at 16 warps per SM (2 CTAs of 256 threads), the
+    best of 2, 4 and 8 independent chains per warp."""
+    import torch
+
+    from benchmarks import sparse_mla_mma_sync_peak as peak
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = torch.zeros(sms * 2 * 256, device="cuda")
+    best = 0.0
+    for chains in (2, 4, 8):
+        kernel = peak.build(sms, 2, 256, chains)
+        us = timer(lambda kernel=kernel: kernel(out, 7)).median_us
+        best = max(best, peak.flops(sms, 2, 256, chains) / us / 1e6)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from benchmarks.runner import (
+        CudaTimer,
+        device_info,
+        measure_copy_bandwidth_gbs,
+        restored_env,
+        warm_up_gpu,
+    )
+    from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
+
+    if not torch.cuda.is_available():
+        print("sparse_mla_ab_head_tiles: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    info = device_info()
+    versions = (
+        f"{info.get('gpu')} | torch {info['torch']} | triton {info['triton']} | "
+        f"tilelang {info['tilelang']} | CUDA {info['cuda_runtime']} | driver {info.get('driver')}"
+    )
+    print(versions + f" | cold L2, CUDA events, {args.reps} reps interleaved A/B", flush=True)
+    warm_up_gpu()
+    timer = CudaTimer(reps=args.reps)
+    copy_gbs = measure_copy_bandwidth_gbs(timer)
+    mma_tflops = mma_sync_ceiling_tflops(CudaTimer(reps=30))
+    print(
+        f"copy bandwidth {copy_gbs:.0f} GB/s, mma.sync ceiling {mma_tflops:.1f} TFLOP/s", flush=True
+    )
+
+    def roofline_s(case: AbCase) -> float:
+        return max(case.bytes_moved() / (copy_gbs * 1e9), case.flops() / (mma_tflops * 1e12))
+
+    rows = []
+    with restored_env(DECODE_ENGINE_ENV):
+        os.environ[DECODE_ENGINE_ENV] = "tilelang"  # never a silent Triton fallback
+        for case in cases(args):
+            row = run_case(case, args.tiles, timer, roofline_s)
+            rows.append(row)
+            print(_line(row, info.get("gpu", "?")), flush=True)
+    report = {
+        "benchmark": "ab_decode_head_tiles",
+        "device": info,
+        "reps": args.reps,
+        "widths": list(WIDTHS),
+        "a": "wide kernel: 16 heads per CTA (HEAD_TILES 1)",
+        "b": f"narrow kernel, {args.tiles} n-tiles of 8 heads per CTA (HEAD_TILES {args.tiles})",
+        "copy_bandwidth_gbs": copy_gbs,
+        "mma_sync_ceiling_tflops": mma_tflops,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "all_agree": all(r["agree"] for r in rows),
+        "cases": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(
+        f"{len(rows)} cases, wall {report['wall_s']} s, all agree: {report['all_agree']};"
+        f" wrote {args.out}",
+        flush=True,
+    )
+    return 0 if report["all_agree"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""benchmarks.sparse_mla_ab_head_tiles on CPU: its arguments and cases, its roofline terms,
+the agreement gate that withholds a time (it must reject a scaled output, a wrong row
+and a shifted lse), the HEAD_TILES switch reaching launch() and the kernel TileLang
+generates (lowered for sm_80, not compiled): one CTA per 32 heads, opt-in shared memory
+past 48 KB, launch bounds for one CTA per SM. The timing itself needs a CUDA GPU."""
+
+import pytest
+import torch
+
+from benchmarks import sparse_mla_ab_head_tiles as ab
+from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
+from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import AttentionVariant
+
+
+def test_arguments_and_case_list():
+    args = ab.parse_args(["--out", "x.json"])
+    cases = ab.cases(args)
+    assert (args.reps, args.tiles) == (50, 4)
+    assert len(cases) == 30 and len(set(cases)) == 30
+    assert {c.heads for c in cases} == {16, 32, 64} and {c.T for c in cases} == {1, 4, 16, 64, 256}
+    assert cases[0].name == "H16_T1_latency"
+    for bad in (
+        [],
+        ["--out", "x", "--reps", "49"],
+        ["--out", "x", "--heads", "8"],  # the narrow kernel either way
+        ["--out", "x", "--heads", "65"],
+        ["--out", "x", "--tiles", "3"],
+    ):
+        with pytest.raises(SystemExit):
+            ab.parse_args(bad)
+
+
+def test_roofline_terms():
+    case = ab.AbCase(64, 256, "throughput")
+    assert case.bytes_moved() == 256 * (640 * 584 + 64 * 512 * 4)
+    assert case.flops() == 256 * 64 * 640 * 512 * 4
+
+
+def _pair(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = torch.randn(4, 32, 512, generator=g).bfloat16()
+    lse = torch.randn(4, 32, generator=g) + 5
+    return out, lse
+
+
+@pytest.mark.parametrize(
+    "mutant",
+    [
+        lambda o, lse: (o * (1 + 2**-5), lse),  # scaled by 3%
+        lambda o, lse: (o.roll(1, dims=0), lse),  # another token's row
+        lambda o, lse: (o, lse + 2e-3),  # lse shifted
+        lambda o, lse: (torch.where(o == o.max(), float("nan"), o.float()).bfloat16(), lse),
+    ],
+    ids=["scaled", "wrong-row", "lse-shift", "nan"],
+)
+def test_agreement_gate_rejects_mutants(mutant):
+    out, lse = _pair()
+    assert ab.agreement((out, lse), (out.clone(), lse.clone()))["agree"]
+    assert not ab.agreement((out, lse), mutant(out.clone(), lse.clone()))["agree"]
+
+
+def test_head_tiles_switch_reaches_launch(monkeypatch):
+    built = []
+
+    def fake_get_kernel(variant):
+        built.append(variant)
+        return lambda *args: None
+
+    monkeypatch.setattr(tilelang_kernels, "get_kernel", fake_get_kernel)
+    monkeypatch.setattr(tilelang_kernels, "_note_first_use", lambda v: None)
+    T = 2
+    q = torch.zeros(T, 64, 512, dtype=torch.bfloat16)
+    cache = torch.zeros(3, 256, 584, dtype=torch.uint8)
+    idx = torch.zeros(T, 640, dtype=torch.int32)
+    lens = torch.full((T,), 640, dtype=torch.int32)
+    lse = torch.zeros(T, 64)
+    args = (q, q.clone(), lse, cache, idx, lens, None, None, None, None, 1.0)
+    for tiles in (1, 4):
+        with ab.head_tiles(tiles):
+            for heads in (8, 16, 64):
+                tilelang_kernels.launch(*args, heads, 192, 1, lse, lse, None)
+    assert [(v.narrow, v.head_tiles, v.heads_per_cta) for v in built] == [
+        (True, 1, 8), (False, 1, 16), (False, 1, 16),
+        (True, 1, 8), (True, 2, 16), (True, 4, 32),
+    ]  # fmt: skip
+    # head_tiles leaves the shipped config as it found it: the wide kernel above 8 heads
+    assert tilelang_kernels.decode_kernel_shape(64) == (False, 1)
+
+
+def test_generated_kernel_for_32_heads_per_cta():
+    tilelang = pytest.importorskip("tilelang")
+    import tvm
+    from tvm.target import Target
+
+    from deepinfer_sm80.tilelang_build import cuda_target
+
+    variant = AttentionVariant(128, 512, True, True, 192, 1, True, head_tiles=4)
+    target = Target(cuda_target(80))
+    with tvm.transform.PassContext(config=variant.pass_configs()), target:
+        artifact = tilelang.lower(variant.build(), target=target)
+    (launch,) = [
+        line.strip()
+        for line in str(artifact.host_mod).splitlines()
+        if 'call_packed("kernel_kernel"' in line
+    ]
+    # grid (tokens, ceil(heads / 32), 4 splits), block 256, 56,408 B of shared memory
+    assert launch.endswith(", num_tokens, (num_heads + 31) // 32, 4, 256, 1, 1, 56408)")
+    source = str(artifact.kernel_source)
+    assert source.count(variant.callee() + "(") == 1
+    assert "__launch_bounds__(256, 1)" in source

@@ -216,3 +216,29 @@ def test_aot_folder_becomes_every_later_phases_aot_dir(tmp_path):
     run = _run(tmp_path, "start", "correctness", path_prefix=str(fake))
     assert run.returncode == 0 and _wait_done(out / "correctness.done") == "0"
     assert (out / "correctness.log").read_text() == f"aot_dir={tmp_path}/home/aot\n"
+
+
+def test_cold_empties_the_compile_caches_and_keeps_the_aot_folder(tmp_path):
+    """`cold` before a phase: its servers find no Triton, TileLang or vLLM cache (the
+    paths every phase exports), only the AOT folder the image ships."""
+    home = tmp_path / "home"
+    for sub in ("cache/triton/x", "cache/tilelang/y", "cache/vllm/z", "aot/mhc"):
+        (home / sub).mkdir(parents=True)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(
+        '#!/bin/sh\necho "$TRITON_CACHE_DIR $TILELANG_CACHE_DIR $VLLM_CACHE_ROOT"\n'
+    )
+    (fake / "python3").chmod(0o755)
+    run = _run(tmp_path, "cold")
+    assert run.returncode == 0 and "caches emptied" in run.stdout
+    assert not (home / "cache").exists() and (home / "aot" / "mhc").is_dir()
+    run = _run(tmp_path, "start", "speculative", path_prefix=str(fake))
+    out = home / "out"
+    assert run.returncode == 0 and _wait_done(out / "speculative.done") == "0"
+    cache = home / "cache"
+    assert (out / "speculative.log").read_text().split() == [
+        str(cache / "triton"),
+        str(cache / "tilelang"),
+        str(cache / "vllm"),
+    ]

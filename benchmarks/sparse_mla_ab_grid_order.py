@@ -17,16 +17,15 @@ benchmarks.sparse_mla_ab_grid_order --out results.json``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-CONFIG = "sparse_mla.decode_tilelang"
+from benchmarks.sparse_mla_decode_config import decode_constexpr, stack_line
+
 HEADS = (8, 32, 64)
 TOKENS = (16, 64, 256)
 SPLIT_MODES = ("latency", "throughput")
@@ -71,18 +70,9 @@ def kernel_builds(case_list: list[AbCase]) -> int:
     return 2 * len(kinds)
 
 
-@contextlib.contextmanager
-def grid_order(splits_fastest: bool) -> Iterator[None]:
+def grid_order(splits_fastest: bool):
     """arch.py's TileLang decode config with SPLITS_FASTEST set, for the block's calls."""
-    from deepinfer_sm80 import arch
-
-    base = arch.KERNEL_CONFIGS[CONFIG]
-    consts = {**base.constexpr_dict(), "SPLITS_FASTEST": int(splits_fastest)}
-    arch.KERNEL_CONFIGS[CONFIG] = dataclasses.replace(base, constexprs=tuple(consts.items()))
-    try:
-        yield
-    finally:
-        arch.KERNEL_CONFIGS[CONFIG] = base
+    return decode_constexpr("SPLITS_FASTEST", int(splits_fastest))
 
 
 def _bits(t):
@@ -155,11 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     info = device_info()
-    versions = (
-        f"{info.get('gpu')} | torch {info['torch']} | triton {info['triton']} | "
-        f"tilelang {info['tilelang']} | CUDA {info['cuda_runtime']} | driver {info.get('driver')}"
+    print(
+        stack_line(info) + f" | cold L2, CUDA events, {args.reps} reps interleaved A/B", flush=True
     )
-    print(versions + f" | cold L2, CUDA events, {args.reps} reps interleaved A/B", flush=True)
     case_list = cases(args)
     warm_up_gpu()
     timer = CudaTimer(reps=args.reps)

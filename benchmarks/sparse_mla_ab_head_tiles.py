@@ -22,16 +22,15 @@ benchmarks.sparse_mla_ab_head_tiles --out results.json``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-CONFIG = "sparse_mla.decode_tilelang"
+from benchmarks.sparse_mla_decode_config import decode_constexpr, stack_line
+
 HEADS = (16, 32, 64)
 TOKENS = (1, 4, 16, 64, 256)
 SPLIT_MODES = ("latency", "throughput")
@@ -86,18 +85,9 @@ def cases(args: argparse.Namespace) -> list[AbCase]:
     return [AbCase(h, t, s) for s in args.splits for h in args.heads for t in args.tokens]
 
 
-@contextlib.contextmanager
-def head_tiles(tiles: int) -> Iterator[None]:
+def head_tiles(tiles: int):
     """arch.py's TileLang decode config with HEAD_TILES set, for the block's calls."""
-    from deepinfer_sm80 import arch
-
-    base = arch.KERNEL_CONFIGS[CONFIG]
-    consts = {**base.constexpr_dict(), "HEAD_TILES": tiles}
-    arch.KERNEL_CONFIGS[CONFIG] = dataclasses.replace(base, constexprs=tuple(consts.items()))
-    try:
-        yield
-    finally:
-        arch.KERNEL_CONFIGS[CONFIG] = base
+    return decode_constexpr("HEAD_TILES", tiles)
 
 
 def agreement(a: tuple, b: tuple) -> dict:
@@ -205,11 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     info = device_info()
-    versions = (
-        f"{info.get('gpu')} | torch {info['torch']} | triton {info['triton']} | "
-        f"tilelang {info['tilelang']} | CUDA {info['cuda_runtime']} | driver {info.get('driver')}"
+    print(
+        stack_line(info) + f" | cold L2, CUDA events, {args.reps} reps interleaved A/B", flush=True
     )
-    print(versions + f" | cold L2, CUDA events, {args.reps} reps interleaved A/B", flush=True)
     warm_up_gpu()
     timer = CudaTimer(reps=args.reps)
     copy_gbs = measure_copy_bandwidth_gbs(timer)

@@ -108,3 +108,11 @@ def test_generated_kernel_for_32_heads_per_cta():
     source = str(artifact.kernel_source)
     assert source.count(variant.callee() + "(") == 1
     assert "__launch_bounds__(256, 1)" in source
+
+
+def test_a_knob_the_config_lacks_is_refused():
+    from benchmarks.sparse_mla_decode_config import decode_constexpr
+
+    with pytest.raises(KeyError, match="no constexpr 'HEAD_TILE'"):
+        with decode_constexpr("HEAD_TILE", 4):
+            pass

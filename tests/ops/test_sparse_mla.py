@@ -620,16 +620,7 @@ def test_head_tile_budget_rejects_every_mutant(device, monkeypatch, mutant):
     monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
     _with_decode_constexpr(monkeypatch, "HEAD_TILES", 4)
     heads = 32
-    case, out, lse, refs = _unmutated_decode(device, "tilelang-head-tiles", heads)
-    _check_decode_output(case, heads, "unmutated", out, lse, refs)
-    kernel_case, mutate = _decode_mutant(case, mutant)
-    if kernel_case is not None:
-        out, lse = kernel_case.run(heads, out=nan_empty(1, 64, 512, device=device))
-    if mutate is not None:
-        out = out.clone()
-        out[:, :heads] = mutate(out[:, :heads])
-    with pytest.raises(AssertionError, match=BUDGET_REJECTS):
-        _check_decode_output(case, heads, f"mutant {mutant}", out, lse, refs)
+    _assert_budget_rejects(device, "tilelang-head-tiles", heads, mutant)
 
 
 def test_head_tile_variant_and_refusals():
@@ -935,8 +926,13 @@ def test_decode_budget_rejects_every_mutant(device, engine, mutant):
     """One token of a SWA window plus Top-K decode (128 + 512 rows), 16 heads, with a
     sink: the real kernel passes the checks _check_decode makes, each mutant of it fails
     there, on the error budget."""
-    heads = 16
-    case, out, lse, refs = _unmutated_decode(device, engine, heads)
+    _assert_budget_rejects(device, engine, 16, mutant)
+
+
+def _assert_budget_rejects(device, key: str, heads: int, mutant: str):
+    """The unmutated decode (``_unmutated_decode(device, key, heads)``) passes
+    _check_decode_output; ``mutant`` of it fails there, on the error budget."""
+    case, out, lse, refs = _unmutated_decode(device, key, heads)
     _check_decode_output(case, heads, "unmutated", out, lse, refs)
     kernel_case, mutate = _decode_mutant(case, mutant)
     if kernel_case is not None:

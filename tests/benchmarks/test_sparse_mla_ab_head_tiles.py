@@ -113,6 +113,8 @@ def test_generated_kernel_for_32_heads_per_cta():
 def test_a_knob_the_config_lacks_is_refused():
     from benchmarks.sparse_mla_decode_config import decode_constexpr
 
-    with pytest.raises(KeyError, match="no constexpr 'HEAD_TILE'"):
-        with decode_constexpr("HEAD_TILE", 4):
-            pass
+    with (
+        pytest.raises(KeyError, match="no constexpr 'HEAD_TILE'"),
+        decode_constexpr("HEAD_TILE", 4),
+    ):
+        pass

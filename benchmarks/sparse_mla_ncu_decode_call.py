@@ -11,12 +11,14 @@ with, for example:
         python3 -m benchmarks.sparse_mla_ncu_decode_call T256_H64_throughput
 
 Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_ncu_decode_call CASE...``,
-CASE as ``T<tokens>_H<heads>_<latency|throughput>``.
+CASE as ``T<tokens>_H<heads>_<latency|throughput>``; ``--head-tiles 4`` runs the
+head-tile kernel (arch.py ``HEAD_TILES``) for more than 8 heads.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 
 CASE = re.compile(r"^T(\d+)_H(8|16|32|64)_(latency|throughput)$")
@@ -36,22 +38,36 @@ def parse_case(text: str) -> tuple[int, int, str]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("cases", nargs="+", type=parse_case, metavar="CASE")
+    p.add_argument(
+        "--head-tiles",
+        type=int,
+        choices=(1, 2, 4),
+        default=None,
+        help="arch.py HEAD_TILES for these calls (default: the shipped value)",
+    )
     args = p.parse_args(argv)
     import torch
 
     from benchmarks.microbench_sparse_mla import decode_inputs, run_decode
+    from benchmarks.sparse_mla_decode_config import decode_constexpr
 
     if not torch.cuda.is_available():
         raise SystemExit(
             "sparse_mla_ncu_decode_call: needs a CUDA GPU (torch.cuda.is_available() is False)"
         )
-    for T, heads, splits in args.cases:
-        st = decode_inputs(T, heads, 128, 512)
-        run_decode(st, heads, splits)  # compiles; ncu skips this launch (--launch-skip)
-        torch.cuda.synchronize()
-        run_decode(st, heads, splits)
-        torch.cuda.synchronize()
-        print(f"T{T}_H{heads}_{splits}: ran", flush=True)
+    knob = (
+        decode_constexpr("HEAD_TILES", args.head_tiles)
+        if args.head_tiles
+        else contextlib.nullcontext()
+    )
+    with knob:
+        for T, heads, splits in args.cases:
+            st = decode_inputs(T, heads, 128, 512)
+            run_decode(st, heads, splits)  # compiles; ncu skips this launch (--launch-skip)
+            torch.cuda.synchronize()
+            run_decode(st, heads, splits)
+            torch.cuda.synchronize()
+            print(f"T{T}_H{heads}_{splits}: ran", flush=True)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ WIDTHS = (128, 512)  # SWA window + Top-K rows: V4.1's compressed layers
 MIN_REPS = 50
 REL_TOL = 1e-2
 LSE_ATOL = 1e-3
+# lse is fp32 and, on these inputs, runs to about 2^21 (a few fp32 ulps are 0.125-0.25):
+# the two kernels track the running maximum over different tiles.
+LSE_RTOL = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +101,11 @@ def agreement(a: tuple, b: tuple) -> dict:
     finite = bool(torch.isfinite(out_b).all())
     rel = float((out_b.float() - out_a.float()).norm() / out_a.float().norm().clamp_min(1e-30))
     lse = float((lse_b - lse_a).abs().max())
+    lse_ok = bool(((lse_b - lse_a).abs() <= LSE_ATOL + LSE_RTOL * lse_a.abs()).all())
     return {
         "rel_err_out": rel,
         "max_abs_diff_lse": lse,
-        "agree": finite and rel <= REL_TOL and lse <= LSE_ATOL,
+        "agree": finite and rel <= REL_TOL and lse_ok,
     }
 
 

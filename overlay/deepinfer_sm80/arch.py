@@ -158,8 +158,12 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # heads per CTA); 2 or 4 run the narrow kernel with that many n-tiles of 8 heads per
     # CTA (AttentionVariant.head_tiles: each row loaded and decoded once for 16 or 32
     # heads; one CTA per SM, 230 registers and 56-67 KB of opt-in shared memory at 32
-    # heads on sm_80/86). benchmarks/sparse_mla_ab_head_tiles.py times it against the wide
-    # kernel; 1 ships until that run shows the gain.
+    # heads on sm_80/86). On an H100 it is slower than the wide kernel at 32 and 64 heads
+    # in both split modes (HEAD_TILES 4: 0.63-0.90x; 2: 0.71-1.08x): one CTA per SM leaves
+    # 8 warps to hide each tile's latency, and ncu at T=256, 64 heads shows 22% fewer
+    # instructions issued at 1.30 instead of 1.90 per cycle
+    # (NVIDIA_H100.ab_decode_head_tiles.txt, NVIDIA_H100.ncu_decode_T256_H64_throughput_*.txt).
+    # 1 ships.
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

@@ -120,7 +120,11 @@ def run_case(case: AbCase, tiles: int, timer, roofline_s) -> dict:
         with head_tiles(tiles if b else 1):  # A writes outs[0], B outs[1]
             return run_decode(st, case.heads, case.splits, out_slot=int(b))
 
-    row: dict = {"case": case.name, **dataclasses.asdict(case), "tiles_b": tiles}
+    from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import decode_kernel_shape
+
+    with head_tiles(tiles):  # what B runs: 16 heads take 2 n-tiles whatever HEAD_TILES is
+        _, used = decode_kernel_shape(case.heads)
+    row: dict = {"case": case.name, **dataclasses.asdict(case), "tiles_b": used}
     got = {}
     for b in (False, True):
         t0 = time.perf_counter()

@@ -69,21 +69,21 @@ _ANCHORS = (
     ),
     (
         "first tile's first barrier",
-        "    __syncthreads();\n\n    // 3. Owner of head `warp`",
-        "    __syncthreads();\n    if (r0 == r_begin) {m2}\n\n    // 3. Owner of head `warp`",
+        "    __syncthreads();\n\n    // 3. Owner of heads `warp`",
+        "    __syncthreads();\n    if (r0 == r_begin) {m2}\n\n    // 3. Owner of heads `warp`",
     ),
     (
         "tile loop done",
-        "  __syncthreads();  // every slice read and the last tile's alpha are done",
+        "  // One n-tile of 8 heads at a time through the stage;",
         "  {m3}\n{a}",
     ),
     (
         "partials stored",
-        "    merge_splits_if_last<kMaxSplits, kHasSink, kNarrowHeads>(",
-        "    {m4}\n{a}",
+        "      if (nt == kHeadTiles - 1)  // every head's partials are stored\n",
+        "      {m4}\n{a}",
     ),
 )
-_END_ANCHOR = "lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);\n  }\n}\n"
+_END_ANCHOR = "lse_stride_t, sink_addr, num_heads, &sm.alpha[0]);\n    }\n  }\n}\n"
 
 
 def instrumented_source(source: str) -> str:

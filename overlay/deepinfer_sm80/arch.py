@@ -163,7 +163,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # 8 warps to hide each tile's latency, and ncu at T=256, 64 heads shows 22% fewer
     # instructions issued at 1.30 instead of 1.90 per cycle
     # (NVIDIA_H100.ab_decode_head_tiles.txt, NVIDIA_H100.ncu_decode_T256_H64_throughput_*.txt).
-    # 1 ships.
+    # 1 ships. No Ampere GPU has run it: an A100 owner can time it with that benchmark.
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

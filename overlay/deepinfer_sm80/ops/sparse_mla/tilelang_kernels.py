@@ -2,7 +2,8 @@
 ``attention_sm80.cuh`` (8 warps, each owning 64 of the 512 dims, so a record is decoded
 once per CTA and no warp re-reads the query from shared memory): the wide kernel (16
 heads x 16 rows per tile) and, for 8 heads per rank or fewer, the narrow one (MMAs
-transposed so that n is the 8 heads, 32-row tiles). The head count is fixed per
+transposed so that n is the 8 heads, 32-row tiles; with arch.py ``HEAD_TILES``, 2 or 4
+such n-tiles per CTA for more heads, measured slower and off). The head count is fixed per
 deployment, so the choice keeps results batch-invariant. Prefill runs the same kernels
 over the bf16 rows of vLLM's gather workspace (``launch_prefill``): no scales, one split
 per token, 1.8-2.3x the Triton prefill kernel on the H200.

@@ -18,49 +18,36 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import sys
 import time
-from pathlib import Path
 
-from benchmarks.sparse_mla_decode_config import decode_constexpr, stack_line
+from benchmarks.sparse_mla_decode_config import (
+    WIDTHS,
+    AbCase,
+    ab_parser,
+    check_reps_and_tokens,
+    decode_constexpr,
+    run_on_tilelang,
+    stack_line,
+    write_report,
+)
+from benchmarks.sparse_mla_decode_config import cases as ab_cases
 
 HEADS = (8, 32, 64)
 TOKENS = (16, 64, 256)
-SPLIT_MODES = ("latency", "throughput")
-WIDTHS = (128, 512)  # SWA window + Top-K rows: V4.1's compressed layers
-MIN_REPS = 50
-
-
-@dataclasses.dataclass(frozen=True)
-class AbCase:
-    heads: int
-    T: int
-    splits: str
-
-    @property
-    def name(self) -> str:
-        return f"H{self.heads}_T{self.T}_{self.splits}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="path of the JSON report")
-    parser.add_argument("--reps", type=int, default=MIN_REPS, help=f"timed reps (>= {MIN_REPS})")
-    parser.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
-    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    parser.add_argument("--splits", nargs="+", default=list(SPLIT_MODES), choices=SPLIT_MODES)
+    parser = ab_parser(__doc__.splitlines()[0], HEADS, TOKENS)
     args = parser.parse_args(argv)
-    if args.reps < MIN_REPS:
-        parser.error(f"--reps: at least {MIN_REPS}, got {args.reps}")
-    if any(not 0 < h <= 64 for h in args.heads) or any(t <= 0 for t in args.tokens):
-        parser.error("--heads: 1..64 (the inputs pad to 64 heads); --tokens: positive")
+    check_reps_and_tokens(parser, args)
+    if any(not 0 < h <= 64 for h in args.heads):
+        parser.error("--heads: 1..64 (the inputs pad to 64 heads)")
     return args
 
 
 def cases(args: argparse.Namespace) -> list[AbCase]:
-    return [AbCase(h, t, s) for s in args.splits for h in args.heads for t in args.tokens]
+    return ab_cases(args)
 
 
 def kernel_builds(case_list: list[AbCase]) -> int:
@@ -136,9 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from benchmarks.runner import CudaTimer, device_info, restored_env, warm_up_gpu
+    from benchmarks.runner import CudaTimer, device_info, warm_up_gpu
     from deepinfer_sm80 import tilelang_build
-    from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
 
     if not torch.cuda.is_available():
         print("sparse_mla_ab_grid_order: needs a CUDA GPU", file=sys.stderr)
@@ -152,13 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     warm_up_gpu()
     timer = CudaTimer(reps=args.reps)
     builds_before = set(tilelang_build._compiled)
-    rows = []
-    with restored_env(DECODE_ENGINE_ENV):
-        os.environ[DECODE_ENGINE_ENV] = "tilelang"  # never a silent Triton fallback
-        for case in case_list:
-            row = run_case(case, timer)
-            rows.append(row)
-            print(_line(row, info.get("gpu", "?")), flush=True)
+    rows = run_on_tilelang(
+        case_list, lambda case: run_case(case, timer), _line, info.get("gpu", "?")
+    )
     builds = sorted(v.label for v, _ in set(tilelang_build._compiled) - builds_before)
     compiles = len(builds)
     report = {
@@ -176,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "all_bitwise_equal": all(r["bitwise_equal"] for r in rows),
         "cases": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(args.out, report)
     print(
         f"{len(rows)} cases, {compiles} TileLang builds, first calls {report['first_calls_s']} s,"
         f" wall {report['wall_s']} s, all bitwise equal: {report['all_bitwise_equal']};"

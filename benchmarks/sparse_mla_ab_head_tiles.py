@@ -23,20 +23,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import sys
 import time
-from pathlib import Path
 
-from benchmarks.sparse_mla_decode_config import decode_constexpr, stack_line
+from benchmarks.sparse_mla_decode_config import (
+    WIDTHS,
+    AbCase,
+    ab_parser,
+    check_reps_and_tokens,
+    decode_constexpr,
+    run_on_tilelang,
+    stack_line,
+    write_report,
+)
+from benchmarks.sparse_mla_decode_config import cases as ab_cases
 
 HEADS = (16, 32, 64)
 TOKENS = (1, 4, 16, 64, 256)
-SPLIT_MODES = ("latency", "throughput")
-WIDTHS = (128, 512)  # SWA window + Top-K rows: V4.1's compressed layers
-
-MIN_REPS = 50
 REL_TOL = 1e-2
 LSE_ATOL = 1e-3
 # lse is fp32 and, on these inputs, runs to about 2^21 (a few fp32 ulps are 0.125-0.25):
@@ -44,15 +47,8 @@ LSE_ATOL = 1e-3
 LSE_RTOL = 1e-5
 
 
-@dataclasses.dataclass(frozen=True)
-class AbCase:
-    heads: int
-    T: int
-    splits: str
-
-    @property
-    def name(self) -> str:
-        return f"H{self.heads}_T{self.T}_{self.splits}"
+class RooflineCase(AbCase):
+    """A case with the terms of its roofline."""
 
     def bytes_moved(self) -> int:
         """Records read once per token; q read and out written per real head."""
@@ -65,27 +61,19 @@ class AbCase:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="path of the JSON report")
-    parser.add_argument("--reps", type=int, default=MIN_REPS, help=f"timed reps (>= {MIN_REPS})")
-    parser.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
-    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    parser.add_argument("--splits", nargs="+", default=list(SPLIT_MODES), choices=SPLIT_MODES)
+    parser = ab_parser(__doc__.splitlines()[0], HEADS, TOKENS)
     parser.add_argument(
         "--tiles", type=int, default=4, choices=(2, 4), help="B's HEAD_TILES (default 4)"
     )
     args = parser.parse_args(argv)
-    if args.reps < MIN_REPS:
-        parser.error(f"--reps: at least {MIN_REPS}, got {args.reps}")
-    if any(not 8 < h <= 64 for h in args.heads) or any(t <= 0 for t in args.tokens):
-        parser.error(
-            "--heads: 9..64 (8 or fewer run the narrow kernel either way); --tokens: positive"
-        )
+    check_reps_and_tokens(parser, args)
+    if any(not 8 < h <= 64 for h in args.heads):
+        parser.error("--heads: 9..64 (8 or fewer run the narrow kernel either way)")
     return args
 
 
-def cases(args: argparse.Namespace) -> list[AbCase]:
-    return [AbCase(h, t, s) for s in args.splits for h in args.heads for t in args.tokens]
+def cases(args: argparse.Namespace) -> list[RooflineCase]:
+    return ab_cases(args, RooflineCase)
 
 
 def head_tiles(tiles: int):
@@ -109,7 +97,7 @@ def agreement(a: tuple, b: tuple) -> dict:
     }
 
 
-def run_case(case: AbCase, tiles: int, timer, roofline_s) -> dict:
+def run_case(case: RooflineCase, tiles: int, timer, roofline_s) -> dict:
     import torch
 
     from benchmarks.microbench_sparse_mla import decode_inputs, run_decode
@@ -189,14 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from benchmarks.runner import (
-        CudaTimer,
-        device_info,
-        measure_copy_bandwidth_gbs,
-        restored_env,
-        warm_up_gpu,
-    )
-    from deepinfer_sm80.ops.sparse_mla.engine import DECODE_ENGINE_ENV
+    from benchmarks.runner import CudaTimer, device_info, measure_copy_bandwidth_gbs, warm_up_gpu
 
     if not torch.cuda.is_available():
         print("sparse_mla_ab_head_tiles: needs a CUDA GPU", file=sys.stderr)
@@ -214,16 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         f"copy bandwidth {copy_gbs:.0f} GB/s, mma.sync ceiling {mma_tflops:.1f} TFLOP/s", flush=True
     )
 
-    def roofline_s(case: AbCase) -> float:
+    def roofline_s(case: RooflineCase) -> float:
         return max(case.bytes_moved() / (copy_gbs * 1e9), case.flops() / (mma_tflops * 1e12))
 
-    rows = []
-    with restored_env(DECODE_ENGINE_ENV):
-        os.environ[DECODE_ENGINE_ENV] = "tilelang"  # never a silent Triton fallback
-        for case in cases(args):
-            row = run_case(case, args.tiles, timer, roofline_s)
-            rows.append(row)
-            print(_line(row, info.get("gpu", "?")), flush=True)
+    rows = run_on_tilelang(
+        cases(args),
+        lambda case: run_case(case, args.tiles, timer, roofline_s),
+        _line,
+        info.get("gpu", "?"),
+    )
     report = {
         "benchmark": "ab_decode_head_tiles",
         "device": info,
@@ -237,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "all_agree": all(r["agree"] for r in rows),
         "cases": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(args.out, report)
     print(
         f"{len(rows)} cases, wall {report['wall_s']} s, all agree: {report['all_agree']};"
         f" wrote {args.out}",

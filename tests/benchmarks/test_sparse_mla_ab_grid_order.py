@@ -5,11 +5,11 @@ compiled) only when on: the launch grid and the callee's last template argument.
 timing itself needs a CUDA GPU."""
 
 import pytest
-import torch
 
 from benchmarks import sparse_mla_ab_grid_order as ab
 from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import AttentionVariant
+from tests.benchmarks import decode_launches
 
 
 def test_arguments_and_case_list():
@@ -47,22 +47,7 @@ def test_flag_is_part_of_the_kernel_key_and_name(narrow):
 
 
 def test_config_flag_reaches_warmup_and_launch(monkeypatch):
-    built = []
-
-    def fake_get_kernel(variant):
-        built.append(variant)
-        return lambda *args: None
-
-    monkeypatch.setattr(tilelang_kernels, "get_kernel", fake_get_kernel)
-    monkeypatch.setattr(tilelang_kernels, "_note_first_use", lambda v: None)
-    T = 2
-    q = torch.zeros(T, 64, 512, dtype=torch.bfloat16)
-    cache = torch.zeros(3, 256, 584, dtype=torch.uint8)
-    idx = torch.zeros(T, 640, dtype=torch.int32)
-    lens = torch.full((T,), 640, dtype=torch.int32)
-    lse = torch.zeros(T, 64)
-    args = (q, q.clone(), lse, cache, idx, lens, None, None, None, None, 1.0)
-
+    built = decode_launches.record_variants(monkeypatch)
     for on in (False, True):
         with ab.grid_order(on):
             decode = [v for v in tilelang_kernels.shipped_variants() if not v.bf16_rows]
@@ -70,7 +55,7 @@ def test_config_flag_reaches_warmup_and_launch(monkeypatch):
             assert decode and all(v.splits_fastest == on for v in decode)
             assert prefill and not any(v.splits_fastest for v in prefill)
             for heads in (8, 64):
-                tilelang_kernels.launch(*args, heads, 192, 1, lse, lse, None)
+                decode_launches.launch(heads)
     assert [(v.narrow, v.splits_fastest) for v in built] == [
         (True, False),
         (False, False),
@@ -81,30 +66,11 @@ def test_config_flag_reaches_warmup_and_launch(monkeypatch):
     assert not any(v.splits_fastest for v in tilelang_kernels.shipped_variants())
 
 
-def _lowered(variant: AttentionVariant) -> tuple[str, str]:
-    """TileLang's host launch call and device source for sm_80, lowered without nvcc."""
-    tilelang = pytest.importorskip("tilelang")
-    import tvm
-    from tvm.target import Target
-
-    from deepinfer_sm80.tilelang_build import cuda_target
-
-    target = Target(cuda_target(80))
-    with tvm.transform.PassContext(config=variant.pass_configs()), target:
-        artifact = tilelang.lower(variant.build(), target=target)
-    (launch,) = [
-        line.strip()
-        for line in str(artifact.host_mod).splitlines()
-        if 'call_packed("kernel_kernel"' in line
-    ]
-    return launch, str(artifact.kernel_source)
-
-
 @pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
 def test_generated_code_changes_only_when_on(narrow):
     per_cta = 8 if narrow else 16
-    off_launch, off_source = _lowered(_variant(narrow, False))
-    on_launch, on_source = _lowered(_variant(narrow, True))
+    off_launch, off_source = decode_launches.lowered(_variant(narrow, False))
+    on_launch, on_source = decode_launches.lowered(_variant(narrow, True))
     smem = _variant(narrow, False).smem_bytes()
     blocks = f"(num_heads + {per_cta - 1}) // {per_cta}"
     # grid (tokens, head blocks, 4 splits), then the block (256, 1, 1) and shared memory

@@ -10,6 +10,7 @@ import torch
 from benchmarks import sparse_mla_ab_head_tiles as ab
 from deepinfer_sm80.ops.sparse_mla import tilelang_kernels
 from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import AttentionVariant
+from tests.benchmarks import decode_launches
 
 
 def test_arguments_and_case_list():
@@ -31,7 +32,7 @@ def test_arguments_and_case_list():
 
 
 def test_roofline_terms():
-    case = ab.AbCase(64, 256, "throughput")
+    case = ab.RooflineCase(64, 256, "throughput")
     assert case.bytes_moved() == 256 * (640 * 584 + 64 * 512 * 4)
     assert case.flops() == 256 * 64 * 640 * 512 * 4
 
@@ -60,25 +61,11 @@ def test_agreement_gate_rejects_mutants(mutant):
 
 
 def test_head_tiles_switch_reaches_launch(monkeypatch):
-    built = []
-
-    def fake_get_kernel(variant):
-        built.append(variant)
-        return lambda *args: None
-
-    monkeypatch.setattr(tilelang_kernels, "get_kernel", fake_get_kernel)
-    monkeypatch.setattr(tilelang_kernels, "_note_first_use", lambda v: None)
-    T = 2
-    q = torch.zeros(T, 64, 512, dtype=torch.bfloat16)
-    cache = torch.zeros(3, 256, 584, dtype=torch.uint8)
-    idx = torch.zeros(T, 640, dtype=torch.int32)
-    lens = torch.full((T,), 640, dtype=torch.int32)
-    lse = torch.zeros(T, 64)
-    args = (q, q.clone(), lse, cache, idx, lens, None, None, None, None, 1.0)
+    built = decode_launches.record_variants(monkeypatch)
     for tiles in (1, 4):
         with ab.head_tiles(tiles):
             for heads in (8, 16, 64):
-                tilelang_kernels.launch(*args, heads, 192, 1, lse, lse, None)
+                decode_launches.launch(heads)
     assert [(v.narrow, v.head_tiles, v.heads_per_cta) for v in built] == [
         (True, 1, 8), (False, 1, 16), (False, 1, 16),
         (True, 1, 8), (True, 2, 16), (True, 4, 32),
@@ -88,24 +75,10 @@ def test_head_tiles_switch_reaches_launch(monkeypatch):
 
 
 def test_generated_kernel_for_32_heads_per_cta():
-    tilelang = pytest.importorskip("tilelang")
-    import tvm
-    from tvm.target import Target
-
-    from deepinfer_sm80.tilelang_build import cuda_target
-
     variant = AttentionVariant(128, 512, True, True, 192, 1, True, head_tiles=4)
-    target = Target(cuda_target(80))
-    with tvm.transform.PassContext(config=variant.pass_configs()), target:
-        artifact = tilelang.lower(variant.build(), target=target)
-    (launch,) = [
-        line.strip()
-        for line in str(artifact.host_mod).splitlines()
-        if 'call_packed("kernel_kernel"' in line
-    ]
+    launch, source = decode_launches.lowered(variant)
     # grid (tokens, ceil(heads / 32), 4 splits), block 256, 56,408 B of shared memory
     assert launch.endswith(", num_tokens, (num_heads + 31) // 32, 4, 256, 1, 1, 56408)")
-    source = str(artifact.kernel_source)
     assert source.count(variant.callee() + "(") == 1
     assert "__launch_bounds__(256, 1)" in source
 

@@ -18,6 +18,20 @@ stock path's variations agree on it to about 1.5% and its bound can be tight
 prompts make noisy, cannot. A candidate passes when every prompt is within the bound on
 both per-prompt statistics and the pooled mean is within its own. Negative controls (the
 same checkpoint with one attention layer changed) show which changes the bound resolves.
+
+The systematic deviation. Most of |delta logprob| is rounding: the final logits are bf16,
+so whenever anything upstream rounds differently, each logit moves by about an ulp (on
+the smoke checkpoint every position differs, by 0.019 nats on average, even between two
+batchings of the stock path). That floor hides a change of the model whose own effect is
+smaller, whatever statistic of |delta| is taken. But rounding in another batch is a fresh
+draw, while a change of the model moves every position the same way in every batch. So
+with the same two paths compared twice, one request at a time and sixteen at once, the
+pooled covariance of the two deltas, mean((x1 - y1)(x2 - y2)), keeps only what repeats:
+the systematic part, reported as a signed root mean square in nats
+(``systematic_deviation``). The stock path's own systematic differences (eager against
+CUDA graphs, 8,192- against 2,048-token prefill chunks: other kernels and fusions, so
+other rounding that repeats) give its bound, ``factor`` times the worst, never below
+``SYSTEMATIC_FLOOR``.
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ AGGREGATE_FACTOR = 1.1
 # Bounds never go below these (nats): a bit-identical stock path gives no scale of its own.
 MAX_FLOOR = 0.02
 MEAN_FLOOR = 0.002
+SYSTEMATIC_FLOOR = 0.002
 
 
 @dataclass(frozen=True)
@@ -120,15 +135,23 @@ class Bound:
     aggregate_mean_abs: float  # the pooled mean over every prompt's positions
     factor: float
     sources: dict  # variation name -> its summary
+    # The systematic deviation's bound (nats), None where no variation of the stock path
+    # was measured in both schedules; ``systematic_sources``: variation name -> its value.
+    systematic: float | None = None
+    systematic_sources: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def bound_from_variation(
-    variations: dict[str, list[PromptDelta]], factor: float = DEFAULT_FACTOR
+    variations: dict[str, list[PromptDelta]],
+    factor: float = DEFAULT_FACTOR,
+    systematic: dict[str, dict] | None = None,
 ) -> Bound:
-    """The bound from the stock path's disagreements with itself (at least one needed)."""
+    """The bound from the stock path's disagreements with itself (at least one needed);
+    ``systematic``: the stock path's systematic deviations (``systematic_deviation``) by
+    name, where measured."""
     if not variations:
         raise ValueError("the bound needs at least one variation of the stock path")
     worst_max = max(max(d.max_abs for d in ds) for ds in variations.values())
@@ -137,18 +160,56 @@ def bound_from_variation(
     worst_pooled = max(s["mean_abs"] for s in sources.values())
     if not (math.isfinite(worst_max) and math.isfinite(worst_mean)):
         raise ValueError("the stock path produced a non-finite logprob: no bound can be taken")
+    sys_bound = None
+    if systematic:
+        worst_sys = max(v["rms"] for v in systematic.values())
+        if not math.isfinite(worst_sys):
+            raise ValueError("the stock path's systematic deviation is not finite")
+        sys_bound = max(factor * worst_sys, SYSTEMATIC_FLOOR)
     return Bound(
         max_abs=max(factor * worst_max, MAX_FLOOR),
         mean_abs=max(factor * worst_mean, MEAN_FLOOR),
         aggregate_mean_abs=max(AGGREGATE_FACTOR * worst_pooled, MEAN_FLOOR),
         factor=factor,
         sources=sources,
+        systematic=sys_bound,
+        systematic_sources=dict(systematic) if systematic else None,
     )
 
 
-def verdict(deltas: list[PromptDelta], bound: Bound) -> dict:
-    """Within the bound on every prompt, on both per-prompt statistics, and within the
-    pooled bound; names the prompts that are not."""
+def _position_deltas(a: dict, b: dict) -> list[float]:
+    """a - b at every position of every prompt (by name), inf where either is not finite."""
+    if set(a["prompts"]) != set(b["prompts"]):
+        raise ValueError("the runs scored different prompt sets")
+    out = []
+    for name in sorted(a["prompts"]):
+        pa, pb = a["prompts"][name], b["prompts"][name]
+        _check_same_prompt(name, pa, pb)
+        for x, y in zip(pa["logprobs"], pb["logprobs"], strict=True):
+            ok = x is not None and y is not None and math.isfinite(x) and math.isfinite(y)
+            out.append(x - y if ok else math.inf)
+    return out
+
+
+def systematic_deviation(x1: dict, y1: dict, x2: dict, y2: dict) -> dict:
+    """What repeats of x's difference from y across two independent pairs of runs (x1 and
+    y1 in one schedule, x2 and y2 in another): the pooled covariance
+    c = mean((x1 - y1)(x2 - y2)) over every position, as ``rms`` = sign(c) sqrt(|c|) in
+    nats (inf where a logprob is not finite). Rounding noise that differs between the
+    schedules averages out of c; a change of the model, the same in both, does not."""
+    d1, d2 = _position_deltas(x1, y1), _position_deltas(x2, y2)
+    if len(d1) != len(d2) or not d1:
+        raise ValueError(f"the two pairs have {len(d1)} and {len(d2)} positions")
+    if not all(map(math.isfinite, d1 + d2)):
+        return {"cov": math.inf, "rms": math.inf, "positions": len(d1)}
+    cov = math.fsum(a * b for a, b in zip(d1, d2, strict=True)) / len(d1)
+    return {"cov": cov, "rms": math.copysign(math.sqrt(abs(cov)), cov), "positions": len(d1)}
+
+
+def verdict(deltas: list[PromptDelta], bound: Bound, systematic: dict | None = None) -> dict:
+    """Within the bound on every prompt, on both per-prompt statistics, within the pooled
+    bound and, where ``systematic`` (this pair's ``systematic_deviation``) and its bound
+    were both measured, within the systematic bound; names the prompts that are not."""
     outside = [
         {"prompt": d.prompt, "max_abs": d.max_abs, "mean_abs": d.mean_abs}
         for d in deltas
@@ -156,13 +217,18 @@ def verdict(deltas: list[PromptDelta], bound: Bound) -> dict:
     ]
     summary = summarize(deltas)
     pooled_within = summary["mean_abs"] <= bound.aggregate_mean_abs  # False for NaN too
+    judged = systematic is not None and bound.systematic is not None
+    systematic_within = bool(systematic["rms"] <= bound.systematic) if judged else None
     return {
-        "within": not outside and pooled_within,
+        "within": not outside and pooled_within and systematic_within is not False,
         "pooled_within": pooled_within,
+        "systematic": systematic,
+        "systematic_within": systematic_within,
         "bound": {
             "max_abs": bound.max_abs,
             "mean_abs": bound.mean_abs,
             "aggregate_mean_abs": bound.aggregate_mean_abs,
+            "systematic": bound.systematic,
         },
         "outside": outside,
         "summary": summary,

@@ -4,18 +4,19 @@ Phases (``scripts/e2e-on-device start PHASE`` runs one detached):
 
 ``correctness``  three waves of at most three servers sharing the GPU (SERVERS_PER_WAVE).
                  First stock eager, ours eager and the first negative control (``CONTROLS``:
-                 perturbed checkpoints on the stock path, eager, probed one request at a
-                 time); then the other controls; then stock with CUDA graphs, ours with CUDA
-                 graphs and stock eager with a 2,048-token prefill chunk (a variation of the
-                 stock path). Every prompt
-                 is scored teacher-forced and continued greedily, one request at a time and
-                 sixteen at once. Then the other servers stop and the two CUDA-graph
-                 servers are timed one after the other: TTFT at 8K and 32K tokens,
-                 decode tokens/s at concurrency 1 and 16.
+                 perturbed checkpoints on the stock path, eager); then the other controls;
+                 then stock with CUDA graphs, ours with CUDA graphs and stock eager with a
+                 2,048-token prefill chunk (a variation of the stock path). Every server
+                 scores every prompt teacher-forced and continues it greedily, one request
+                 at a time and sixteen at once (the two schedules that the systematic
+                 deviation, ``agreement.systematic_deviation``, needs). Then the other
+                 servers stop and the two CUDA-graph servers are timed one after the
+                 other: TTFT at 8K and 32K tokens, decode tokens/s at concurrency 1 and 16.
 ``speculative``  ours started by ``deepinfer launch smoke`` itself (DSpark K=5, CUDA graphs)
-                 and checked with ``deepinfer health --ready``; stock with DSpark K=5. Greedy
-                 continuations (compared with the non-speculative ones of ``correctness``)
-                 and the per-position acceptance from /metrics.
+                 and checked with ``deepinfer health --ready``, then stopped; then stock
+                 with DSpark K=5 (the launched server takes 0.75 of the GPU: the two never
+                 run at once). Greedy continuations (compared with the non-speculative
+                 ones of ``correctness``) and the per-position acceptance from /metrics.
 ``report``       the verdicts from the saved records (CPU only).
 ``controls``     the negative controls' checkpoints, one a line: folder, layer, relative
                  change (what ``scripts/e2e-on-device checkpoints`` writes).
@@ -46,8 +47,8 @@ START_DEADLINE_S = 480
 class Control:
     """A negative control: the base checkpoint with one backbone layer's attention
     ``wq_b``/``wo_b`` moved by ``rel`` (``smoke_model --perturb-layer --perturb-rel``),
-    served on the stock path, eager, and probed one request at a time, so that against
-    stock eager one request at a time it differs by the perturbation alone."""
+    served on the stock path, eager: against stock eager in the same schedule it differs
+    by the perturbation alone. Probed in both schedules, for its systematic deviation."""
 
     label: str
     layer: int
@@ -117,15 +118,9 @@ def environment() -> dict:
     return out
 
 
-def start_all(servers: list[Server], stagger_s: float, one_by_one: bool = False) -> dict[str, dict]:
-    """Start every server, wait for each; a server that fails is recorded, not fatal.
-    ``one_by_one``: each starts once the previous one is ready (a server that profiles
-    its memory must not see another one's allocations come and go)."""
+def start_all(servers: list[Server], stagger_s: float) -> dict[str, dict]:
+    """Start every server, wait for each; a server that fails is recorded, not fatal."""
     state = {}
-    if one_by_one:
-        for s in servers:
-            state.update(start_all([s], 0.0))
-        return state
     for s in servers:
         s.start()
         time.sleep(stagger_s)  # vLLM reads the free GPU memory as it starts
@@ -237,14 +232,14 @@ def correctness_waves(args) -> list[list[tuple[ServerSpec, tuple[str, ...]]]]:
 def named_correctness_waves(args) -> list[tuple[str, list[tuple[ServerSpec, tuple[str, ...]]]]]:
     """Waves of at most ``args.servers_per_wave`` servers: the eager servers with the first
     control, then the other controls, then the CUDA-graph servers and the chunked-prefill
-    variation. Each control is compared with stock eager one request at a time, whose
-    greedy, batch-1 record does not depend on which wave it ran in. Only the waves named
+    variation. Each control is compared with stock eager in the same schedule, whose
+    greedy records do not depend on which wave they ran in. Only the waves named
     in ``args.waves``; the controls need the eager wave (nothing to compare them with
     otherwise)."""
     m, same = args.model, {"gpu_memory_utilization": args.util}
     controls = [
         (ServerSpec(c.server, "stock", str(args.controls_dir / c.checkpoint), c.port, **same),
-         ("sequential",))
+         BOTH)
         for c in selected_controls(args)
         if "eager" in args.waves
     ]  # fmt: skip
@@ -256,7 +251,7 @@ def named_correctness_waves(args) -> list[tuple[str, list[tuple[ServerSpec, tupl
         (ServerSpec("stock-graphs", "stock", m, 8105, eager=False, **same), BOTH),
         (ServerSpec("ours-graphs", "ours", m, 8106, eager=False, **same), BOTH),
         (ServerSpec("stock-eager-chunk2048", "stock", m, 8104, max_num_batched_tokens=2048,
-                    **same), ("concurrent",)),
+                    **same), BOTH),
     ]  # fmt: skip
     per_wave = args.servers_per_wave
     room = per_wave - len(eager)
@@ -368,10 +363,13 @@ def phase_speculative(args) -> dict:
     ]  # fmt: skip
     servers = [Server(s, args.out) for s in specs]
     result: dict = {"phase": "speculative", "environment": environment(), "runs": {}, "health": {}}
-    try:
-        # The launched server profiles its memory (the user's command has no fixed pool).
-        result["servers"] = start_all(servers, args.stagger_s, one_by_one=True)
-        for s in servers:
+    result["servers"] = {}
+    # One server at a time, each stopped before the next starts: the launched server
+    # profiles its memory and takes 0.75 of the GPU (the user's command has no fixed
+    # pool), so on an 80 GB GPU a second server beside it runs out of memory.
+    for s in servers:
+        try:
+            result["servers"].update(start_all([s], 0.0))
             if "ready_s" not in result["servers"][s.spec.name]:
                 continue
             if s.spec.via_cli:
@@ -395,8 +393,7 @@ def phase_speculative(args) -> dict:
             result["runs"][s.spec.name] = {"concurrent": run}
             result["servers"][s.spec.name]["plugin_status"] = s.plugin_status()
             log(f"{s.spec.name}: probes in {time.monotonic() - t0:.0f} s, {run['spec_decode']}")
-    finally:
-        for s in servers:
+        finally:
             s.stop()
     return result
 
@@ -417,12 +414,33 @@ COMPARISONS = {
     **{c.comparison: (c.server, SEQ, "stock-eager", SEQ) for c in CONTROLS},
 }  # fmt: skip
 OURS = [name for name in COMPARISONS if name.startswith("ours vs stock")]
+# The systematic deviation (agreement.systematic_deviation) of two servers, each probed
+# in both schedules: the stock path's own (its bound), and per comparison the pair it
+# belongs to (the batch-1 and batch-16 comparisons of a mode share theirs).
+STOCK_SYSTEMATIC = {
+    "stock eager vs graphs": ("stock-eager", "stock-graphs"),
+    "stock prefill chunk 8192 vs 2048": ("stock-eager", "stock-eager-chunk2048"),
+}
+SYSTEMATIC_PAIRS = {
+    "ours vs stock, eager, batch 16": ("ours-eager", "stock-eager"),
+    "ours vs stock, eager, batch 1": ("ours-eager", "stock-eager"),
+    "ours vs stock, CUDA graphs, batch 16": ("ours-graphs", "stock-graphs"),
+    "ours vs stock, CUDA graphs, batch 1": ("ours-graphs", "stock-graphs"),
+    **{c.comparison: (c.server, "stock-eager") for c in CONTROLS},
+}
 
 
 def _pair(runs: dict, a: str, sa: str, b: str, sb: str):
     if a not in runs or b not in runs or sa not in runs[a] or sb not in runs[b]:
         return None
     return agreement.compare_runs(runs[a][sa], runs[b][sb])
+
+
+def _systematic(runs: dict, x: str, y: str) -> dict | None:
+    """x's systematic deviation from y; None unless both were probed in both schedules."""
+    if not all(s in runs.get(name, {}) for name in (x, y) for s in (SEQ, CON)):
+        return None
+    return agreement.systematic_deviation(runs[x][SEQ], runs[y][SEQ], runs[x][CON], runs[y][CON])
 
 
 def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
@@ -432,14 +450,18 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
         d = _pair(runs, *args)
         if d is not None:
             variations[name] = d
-    bound = agreement.bound_from_variation(variations, factor)
+    stock_sys = {n: _systematic(runs, *pair) for n, pair in STOCK_SYSTEMATIC.items()}
+    stock_sys = {n: v for n, v in stock_sys.items() if v is not None}
+    bound = agreement.bound_from_variation(variations, factor, stock_sys)
+    pair_sys = {pair: _systematic(runs, *pair) for pair in set(SYSTEMATIC_PAIRS.values())}
     out: dict = {"bound": bound.as_dict(), "comparisons": {}}
     for name, args in COMPARISONS.items():
         d = _pair(runs, *args)
         if d is None:
             out["comparisons"][name] = {"missing": True}
             continue
-        v = agreement.verdict(d, bound)
+        pair = SYSTEMATIC_PAIRS.get(name)
+        v = agreement.verdict(d, bound, pair_sys[pair] if pair else None)
         v["per_prompt"] = [x.__dict__ for x in d]
         out["comparisons"][name] = v
     if speculative:
@@ -536,6 +558,16 @@ def overall_verdict(comparisons: dict) -> dict:
     }
 
 
+def _nats(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _stock_systematic(sources: dict | None) -> str:
+    if not sources:
+        return "no variation measured in both schedules"
+    return ", ".join(f"{n} {_nats(v['rms'])}" for n, v in sources.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -605,16 +637,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: not measured")
                 continue
             s = v["summary"]
+            sys_d = v.get("systematic")
             print(
                 f"{name}: {'WITHIN' if v['within'] else 'OUTSIDE'} bound (max|d| "
                 f"{s['max_abs']:.4g}, worst prompt mean|d| {s['worst_prompt_mean_abs']:.4g}, "
-                f"pooled mean|d| {s['mean_abs']:.4g}, top-1 {s['top1_agreement']:.4%}, "
+                f"pooled mean|d| {s['mean_abs']:.4g}, "
+                f"systematic {_nats(sys_d['rms']) if sys_d else 'not measured'}, "
+                f"top-1 {s['top1_agreement']:.4%}, "
                 f"greedy equal {s['greedy_equal_prompts']}/{s['prompts']})"
             )
         b = rep["bound"]
+        sys_b = b.get("systematic")
         print(
             f"bound: {b['max_abs']:.4g} max, {b['mean_abs']:.4g} mean per prompt, "
-            f"{b['aggregate_mean_abs']:.4g} pooled mean"
+            f"{b['aggregate_mean_abs']:.4g} pooled mean, systematic "
+            f"{_nats(sys_b) if sys_b is not None else 'not measured'} "
+            f"(stock: {_stock_systematic(b.get('systematic_sources'))})"
         )
         for name, v in rep.get("speculative", {}).items():
             print(f"{name}: {json.dumps(v)}")

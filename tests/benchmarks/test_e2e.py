@@ -394,3 +394,99 @@ def test_greedy_check_flags_a_token_below_the_top1(margins, greedy):
     prompts_ = {n: ({"greedy_margin": m} if m is not None else {}) for n, m in margins.items()}
     check = agreement.greedy_check(prompts_, _bound(0.25))
     assert check["greedy"] is greedy, check
+
+
+def _rounded_runs(truth: dict, systematic: float, seed: int, noise: float = 0.02) -> dict:
+    """A path's two schedules: the truth moved by the path's own repeatable offset per
+    position (sd ``systematic``, the same in both), each schedule with fresh rounding noise
+    (sd ``noise``), as bf16 logits re-round whenever anything upstream rounds differently."""
+    rng = random.Random(seed)
+    offset = {n: [rng.gauss(0, systematic) for _ in v] for n, v in truth.items()}
+
+    def schedule(k):
+        r = random.Random(seed * 1000 + k)
+        return _run({n: [x + o + r.gauss(0, noise) for x, o in zip(v, offset[n], strict=True)]
+                     for n, v in truth.items()})  # fmt: skip
+
+    return {"sequential": schedule(1), "concurrent": schedule(2)}
+
+
+@pytest.fixture
+def long_truth():
+    """About 40,000 positions: enough for the pooled covariance to resolve 0.002 nats."""
+    rng = random.Random(7)
+    return {f"p{i}": [-rng.uniform(0.5, 8.0) for _ in range(2500 + 997 * i)] for i in range(8)}
+
+
+@pytest.mark.parametrize("systematic", [0.0, 0.004, 0.008, 0.016])
+def test_the_systematic_deviation_keeps_what_repeats_and_drops_fresh_rounding(
+    long_truth, systematic
+):
+    x = _rounded_runs(long_truth, systematic, seed=1)
+    y = _rounded_runs(long_truth, 0.0, seed=2)
+    d = agreement.systematic_deviation(
+        x["sequential"], y["sequential"], x["concurrent"], y["concurrent"]
+    )
+    assert d["positions"] == sum(map(len, long_truth.values()))
+    # The noise (0.02 per run) is 1.25-5x the systematic part, which comes back within the
+    # covariance's sampling error (about 3.6e-6 nats^2 over these 48,000 positions: 0.0019
+    # nats as a root at 0, 0.0005 at 0.004). Taking one schedule's delta twice instead
+    # would give about 0.028 whatever the systematic part.
+    assert abs(abs(d["rms"]) - systematic) < 0.0025, d
+    nan_run = json.loads(json.dumps(x["sequential"]))
+    nan_run["prompts"]["p3"]["logprobs"][5] = math.nan
+    inf = agreement.systematic_deviation(nan_run, y["sequential"], x["concurrent"], y["concurrent"])
+    assert inf["rms"] == math.inf
+
+
+def _rounded_record(truth: dict, control_systematic: float, ours_systematic: float) -> dict:
+    """Stock's variations with their own small repeatable offsets (other kernels), ours, and
+    the L24 50% control (the other controls invisible), all drowned in rounding noise."""
+    from benchmarks.e2e.run import CONTROLS
+
+    runs = {
+        "stock-eager": _rounded_runs(truth, 0.0, 1),
+        "stock-graphs": _rounded_runs(truth, 0.002, 2),
+        "stock-eager-chunk2048": _rounded_runs(truth, 0.002, 3),
+        "ours-eager": _rounded_runs(truth, ours_systematic, 4),
+        "ours-graphs": _rounded_runs(truth, ours_systematic, 5),
+    }
+    for k, c in enumerate(CONTROLS):
+        runs[c.server] = _rounded_runs(truth, control_systematic if c.rel == 0.5 else 0.0, 10 + k)
+    return {"runs": runs}
+
+
+def test_a_change_that_rounding_noise_hides_from_every_mean_is_flagged_by_what_repeats(long_truth):
+    """As measured on the smoke checkpoint (H100): every position re-rounds, so the 50%
+    control's pooled mean |delta| sits within 1.1x of the stock path's; its systematic
+    deviation (4x stock's) does not. Ours, as repeatable as stock's own variations, passes."""
+    from benchmarks.e2e.run import report
+
+    rep = report(_rounded_record(long_truth, 0.008, 0.002), None, factor=2.0)
+    control = rep["comparisons"]["NEGATIVE CONTROL L24 50% attention vs stock (eager, batch 1)"]
+    assert control["pooled_within"] and control["outside"] == []  # the means cannot see it
+    assert control["systematic_within"] is False and not control["within"]
+    assert rep["bound"]["systematic"] == pytest.approx(
+        2 * max(v["rms"] for v in rep["bound"]["systematic_sources"].values())
+    )
+    assert set(rep["bound"]["systematic_sources"]) == {
+        "stock eager vs graphs",
+        "stock prefill chunk 8192 vs 2048",
+    }
+    assert rep["verdict"]["result"] == "PASS", rep["verdict"]
+    assert rep["verdict"]["resolving_power"] == "flags L24 50%; not L24 1%, L39 1%, L24 10%"
+    # Ours with the control's systematic deviation fails, though every mean passes it.
+    rep = report(_rounded_record(long_truth, 0.008, 0.008), None, factor=2.0)
+    ours = rep["comparisons"]["ours vs stock, CUDA graphs, batch 16"]
+    assert ours["pooled_within"] and ours["systematic_within"] is False
+    assert rep["verdict"]["result"] == "FAIL"
+    # Without the controls' second schedule the systematic deviation is not measured for
+    # them, and nothing else flags the control: no verdict.
+    corr = _rounded_record(long_truth, 0.008, 0.002)
+    for name in list(corr["runs"]):
+        if name.startswith("control-"):
+            del corr["runs"][name]["concurrent"]
+    rep = report(corr, None, factor=2.0)
+    control = rep["comparisons"]["NEGATIVE CONTROL L24 50% attention vs stock (eager, batch 1)"]
+    assert control["systematic"] is None and control["within"]
+    assert rep["verdict"]["result"] == "NO VERDICT"

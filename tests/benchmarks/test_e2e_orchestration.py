@@ -67,11 +67,12 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     assert all("ready_s" in s for s in corr["servers"].values()), corr["servers"]
     assert "--enforce-eager" in corr["servers"]["stock-eager"]["argv"]
     assert "--enforce-eager" not in corr["servers"]["ours-graphs"]["argv"]
-    for c in CONTROLS:  # stock, eager, its own checkpoint, one request at a time only
+    for c in CONTROLS:  # stock, eager, its own checkpoint, in both schedules
         argv = corr["servers"][c.server]["argv"]
         assert argv[2] == str(tmp_path / c.checkpoint) and "--enforce-eager" in argv
         assert "--kv-cache-memory-bytes" in argv
-        assert set(corr["runs"][c.server]) == {"sequential"}
+        assert set(corr["runs"][c.server]) == {"sequential", "concurrent"}
+    assert set(corr["runs"]["stock-eager-chunk2048"]) == {"sequential", "concurrent"}
     assert set(corr["throughput"]) == {"stock-graphs", "ours-graphs"}
     assert corr["throughput"]["ours-graphs"]["decode_c16"]["aggregate_tok_s"] > 0
     r = _run("speculative", *common, out=out)
@@ -79,6 +80,12 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     spec = json.loads((out / "speculative.json").read_text())
     assert spec["servers"]["ours-spec-launch"]["argv"][:2] == ["deepinfer", "launch"]
     assert spec["health"]["ours-spec-launch"]["rc"] == 0
+    # One server at a time: the launched server (0.75 of the GPU) is probed and stopped
+    # before stock starts.
+    events = [ln.split("] ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("[")]
+    probed = next(i for i, e in enumerate(events) if e.startswith("ours-spec-launch: probes"))
+    ready = next(i for i, e in enumerate(events) if e.startswith("stock-spec: ready"))
+    assert probed < ready, events
     r = _run("report", out=out)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads((out / "report.json").read_text())

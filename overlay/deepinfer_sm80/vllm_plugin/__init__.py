@@ -36,11 +36,25 @@ logger = logging.getLogger("deepinfer_sm80")
 _state: dict[str, object] = {"done": False, "result": None}
 
 
+def log_info_by_default() -> None:
+    """Let the overlay's INFO lines (warmup: AOT files seeded, kernels ready and how long)
+    reach the server log. vLLM configures only its own ``vllm`` loggers, so ours inherit
+    the root's WARNING and a cold start could not say where its time went. A level set
+    by the user (``logging`` config) is kept; without any handler anywhere, one to stderr."""
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
+        logger.addHandler(handler)
+
+
 def register() -> None:
     """vLLM calls this in every process; the second call in a process does nothing."""
     if _state["done"]:
         return
     _state["done"] = True
+    log_info_by_default()
     try:
         _state["result"] = activate(os.environ)
     except PluginError as exc:

@@ -164,9 +164,15 @@ def seed(src: Path, triton_cache: Path) -> int:
         target = triton_cache / entry.name
         if target.exists():
             continue
-        tmp = triton_cache / f".{entry.name}.seeding"
+        tmp = triton_cache / f".{entry.name}.seeding-{os.getpid()}"  # one per process
         shutil.copytree(entry, tmp, dirs_exist_ok=True)
-        os.replace(tmp, target)  # atomic: concurrent workers never see half an entry
+        try:
+            os.replace(tmp, target)  # atomic: concurrent workers never see half an entry
+        except OSError:
+            if not target.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another worker seeded it first
+            continue
         copied += 1
     return copied
 

@@ -115,6 +115,13 @@ def forget_compiled() -> None:
         _compiled.clear()
 
 
+def tilelang_cache_dir(env) -> Path:
+    """TileLang's disk cache as TileLang resolves it (``TILELANG_CACHE_DIR``, else
+    ``~/.tilelang/cache``), without importing TileLang (the plugin seeds it in every
+    vLLM process, the API server's included)."""
+    return Path(env.get("TILELANG_CACHE_DIR") or Path.home() / ".tilelang" / "cache")
+
+
 def seed_tilelang_cache(aot_dir: Path | str, cache_dir: Path | str | None = None) -> int:
     """Copy AOT cache entries missing from the live TileLang cache; returns how many.
 
@@ -123,11 +130,7 @@ def seed_tilelang_cache(aot_dir: Path | str, cache_dir: Path | str | None = None
     src = Path(aot_dir) / TILELANG_SUBDIR
     if not src.is_dir():
         return 0
-    if cache_dir is None:
-        from tilelang import env
-
-        cache_dir = env.TILELANG_CACHE_DIR
-    dst_root = Path(cache_dir)
+    dst_root = Path(cache_dir) if cache_dir is not None else tilelang_cache_dir(os.environ)
     copied = 0
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
@@ -137,7 +140,8 @@ def seed_tilelang_cache(aot_dir: Path | str, cache_dir: Path | str | None = None
         if target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.seeding")
+        # One temporary name per process: the workers of a server seed at once.
+        tmp = target.with_name(f".{target.name}.seeding-{os.getpid()}")
         shutil.copy2(path, tmp)
         os.replace(tmp, target)  # atomic: concurrent workers never see half a file
         copied += 1

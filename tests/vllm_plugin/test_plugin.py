@@ -187,16 +187,49 @@ def test_ledger_prints_without_vllm():
 def test_aot_seeding_is_optional_and_never_raises(tmp_path):
     from deepinfer_sm80.vllm_plugin.apply import seed_aot_kernels
 
-    assert seed_aot_kernels({}) == 0
+    assert seed_aot_kernels({}) == {}
     src = tmp_path / "kernels" / "triton" / "entry"
     src.mkdir(parents=True)
     (src / "k.cubin").write_bytes(b"x")
-    cache = tmp_path / "cache"
-    env = {"DEEPINFER_AOT_DIR": str(tmp_path / "kernels"), "TRITON_CACHE_DIR": str(cache)}
-    assert seed_aot_kernels(env) == 1 and (cache / "entry" / "k.cubin").exists()
+    # TileLang's parts too (aot.py: mhc/tilelang, sparse_mla/tilelang), into its cache
+    for part in ("mhc", "sparse_mla"):
+        entry = tmp_path / "kernels" / part / "tilelang" / f"{part}-key"
+        entry.mkdir(parents=True)
+        (entry / "kernel.cubin").write_bytes(b"y")
+    cache, tl_cache = tmp_path / "cache", tmp_path / "tl-cache"
+    env = {
+        "DEEPINFER_AOT_DIR": str(tmp_path / "kernels"),
+        "TRITON_CACHE_DIR": str(cache),
+        "TILELANG_CACHE_DIR": str(tl_cache),
+    }
+    assert seed_aot_kernels(env) == {"triton": 1, "mhc": 1, "sparse_mla": 1}
+    assert (cache / "entry" / "k.cubin").exists()
+    assert (tl_cache / "mhc-key" / "kernel.cubin").read_bytes() == b"y"
+    assert (tl_cache / "sparse_mla-key" / "kernel.cubin").exists()
+    assert seed_aot_kernels(env) == {"triton": 0, "mhc": 0, "sparse_mla": 0}  # never twice
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
-    assert seed_aot_kernels({**env, "TRITON_CACHE_DIR": str(blocked)}) == 0
+    assert seed_aot_kernels({**env, "TRITON_CACHE_DIR": str(blocked)})["triton"] == 0
+
+
+def test_activation_seeds_tilelang_before_any_forward_and_records_it(restore_vllm, tmp_path):
+    """The TileLang caches are seeded when the plugin activates (every vLLM process,
+    before the profiling run), and the status file says what was copied."""
+    entry = tmp_path / "kernels" / "sparse_mla" / "tilelang" / "key"
+    entry.mkdir(parents=True)
+    (entry / "kernel.cubin").write_bytes(b"z")
+    env = {
+        "DEEPINFER_FORCE": "1",
+        "DEEPINFER_AOT_DIR": str(tmp_path / "kernels"),
+        "TILELANG_CACHE_DIR": str(tmp_path / "tl-cache"),
+        "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"),
+        "DEEPINFER_RUNTIME_DIR": str(tmp_path / "run"),
+    }
+    status = apply.activate(env)
+    assert (tmp_path / "tl-cache" / "key" / "kernel.cubin").exists()
+    assert status["aot_seeded"]["sparse_mla"] == 1
+    written = json.loads((tmp_path / "run" / "plugin-status.json").read_text())
+    assert written["aot_seeded"] == {"triton": 0, "mhc": 0, "sparse_mla": 1}
 
 
 def test_kernel_level_entry_goes_through_register_kernels(tmp_path):

@@ -165,33 +165,51 @@ def activate(env: Mapping[str, str], capabilities: list[tuple[int, int]] | None 
                 setattr(module, attr, replacement)
         statuses[e.name] = f"applied: {len(sites)} sites"
     reason = "forced (DEEPINFER_FORCE=1)" if forced and not ampere else f"SM8x GPUs {caps}"
-    status = _finish(env, True, reason, statuses)
-    status["aot_seeded"] = seed_aot_kernels(env)
-    return status
+    seeded = seed_aot_kernels(env)
+    return _finish(env, True, reason, statuses, aot_seeded=seeded)
 
 
-def seed_aot_kernels(env: Mapping[str, str]) -> int:
-    """Copy the image's ahead-of-time Triton kernels into the writable cache (see aot.py).
+def seed_aot_kernels(env: Mapping[str, str]) -> dict[str, int]:
+    """Copy the image's ahead-of-time kernels (see aot.py) into the writable caches:
+    Triton's, and TileLang's for the mHC and sparse-MLA kernels. Returns the files or
+    entries copied per part (``{}`` without an AOT folder).
 
-    A missing or unreadable AOT folder costs nothing but JIT compiles; it never stops
-    the server, so problems are logged, not raised.
+    This runs at activation, before vLLM's profiling run and its first CUDA-graph capture
+    launch our kernels: TileLang's cache seeded only by the kernel warmup, which vLLM
+    calls after both, left those launches to compile (38 TileLang compiles of ours in a
+    cold start of the smoke server on an H100, with the AOT folder present). A missing or
+    unreadable AOT folder costs nothing but JIT compiles; it never stops the server, so
+    problems are logged, not raised.
     """
     src = envs.get("DEEPINFER_AOT_DIR", env)
     if not src:
-        return 0
-    from deepinfer_sm80 import aot
+        return {}
+    from deepinfer_sm80 import aot, tilelang_build
 
-    cache = Path(env.get("TRITON_CACHE_DIR") or aot.default_triton_cache())
-    try:
-        n = aot.seed(Path(src), cache)
-    except OSError as exc:
-        logger.warning("deepinfer-sm80: AOT kernels in %s not seeded into %s: %s", src, cache, exc)
-        return 0
-    logger.info("deepinfer-sm80: seeded %d AOT Triton kernels from %s into %s", n, src, cache)
-    return n
+    caches = {
+        aot.TRITON_SUBDIR: Path(env.get("TRITON_CACHE_DIR") or aot.default_triton_cache()),
+        aot.MHC_SUBDIR: tilelang_build.tilelang_cache_dir(env),
+        aot.SPARSE_MLA_SUBDIR: tilelang_build.tilelang_cache_dir(env),
+    }
+    counts = {}
+    for part, cache in caches.items():
+        try:
+            if part == aot.TRITON_SUBDIR:
+                counts[part] = aot.seed(Path(src), cache)
+            else:
+                counts[part] = tilelang_build.seed_tilelang_cache(Path(src) / part, cache)
+        except OSError as exc:
+            logger.warning(
+                "deepinfer-sm80: AOT %s kernels in %s not seeded into %s: %s", part, src, cache, exc
+            )
+            counts[part] = 0
+    logger.info("deepinfer-sm80: seeded AOT kernels from %s: %s", src, counts)
+    return counts
 
 
-def _finish(env: Mapping[str, str], active: bool, reason: str, statuses: dict[str, str]) -> dict:
+def _finish(
+    env: Mapping[str, str], active: bool, reason: str, statuses: dict[str, str], **extra
+) -> dict:
     status = {
         "active": active,
         "reason": reason,
@@ -199,6 +217,7 @@ def _finish(env: Mapping[str, str], active: bool, reason: str, statuses: dict[st
         "pid": os.getpid(),
         "time": time.time(),
         "patches": statuses,
+        **extra,
     }
     logger.info(
         "deepinfer-sm80 plugin %s (%s)\n%s",

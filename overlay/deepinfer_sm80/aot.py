@@ -10,10 +10,10 @@ spills) and fails naming every one that does not fit. The image does this at bui
     DEST/sparse_mla/manifest.json, .../tilelang/    the sparse MLA TileLang variants
 
 Each ``tilelang/`` folder is a TileLang cache folder (``tilelang_build.aot_build``). At
-startup the plugin's activation copies ``triton/`` into the writable Triton cache
-(``seed``), and its kernel warmup copies the mHC and sparse MLA folders into the live
-TileLang cache (``prepare_mhc_kernels`` in ``ops/mhc/warmup.py``, ``warmup`` in
-``ops/sparse_mla/tilelang_kernels.py``).
+startup the plugin's activation (``vllm_plugin.apply.seed_aot_kernels``, in every vLLM
+process, before vLLM's profiling run launches a kernel) copies ``triton/`` into the
+writable Triton cache (``seed``) and the mHC and sparse MLA folders into the live TileLang
+cache (``tilelang_build.seed_tilelang_cache``); the kernel warmup then loads them.
 
 What the Triton entries buy, and their limit: Triton looks a kernel up by a hash of its
 source, the target, the launch options and the argument specialization (which integer

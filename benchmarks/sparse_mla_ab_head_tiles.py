@@ -1,7 +1,12 @@
 """A/B of the TileLang sparse-MLA decode at more than 8 heads per rank: the wide kernel
-(arch.py ``HEAD_TILES`` 1, 16 heads per CTA) against the narrow kernel with n-tiles of
-heads (``HEAD_TILES`` 2 or 4: 16 or 32 heads per CTA, each row loaded and decoded once
-for all of them; ``AttentionVariant.head_tiles``).
+as shipped (arch.py ``HEAD_TILES`` 1, ``QK_REGISTERS`` 0; 16 heads per CTA) against a
+candidate structure, ``--candidate``:
+- ``head-tiles`` (default): the narrow kernel with n-tiles of heads (``HEAD_TILES`` 2 or
+  4, ``--tiles``: 16 or 32 heads per CTA, each row loaded and decoded once for all of
+  them; ``AttentionVariant.head_tiles``);
+- ``qk-registers``: the wide kernel with QK's B fragments taken from the NoPE warps'
+  decoded registers instead of ldmatrix (``QK_REGISTERS`` 1;
+  ``AttentionVariant.qk_registers``).
 
 For 16, 32 and 64 heads per rank, T in (1, 4, 16, 64, 256) and both split modes
 (``engine.decode_split_mode``) on the sparse_mla suite's decode inputs
@@ -39,6 +44,7 @@ from benchmarks.sparse_mla_decode_config import (
 from benchmarks.sparse_mla_decode_config import cases as ab_cases
 
 HEADS = (16, 32, 64)
+CANDIDATES = ("head-tiles", "qk-registers")
 TOKENS = (1, 4, 16, 64, 256)
 REL_TOL = 1e-2
 LSE_ATOL = 1e-3
@@ -62,8 +68,13 @@ class RooflineCase(AbCase):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = ab_parser(__doc__.splitlines()[0], HEADS, TOKENS)
+    parser.add_argument("--candidate", default="head-tiles", choices=CANDIDATES, help="what B runs")
     parser.add_argument(
-        "--tiles", type=int, default=4, choices=(2, 4), help="B's HEAD_TILES (default 4)"
+        "--tiles",
+        type=int,
+        default=4,
+        choices=(2, 4),
+        help="head-tiles: B HEAD_TILES (default 4)",
     )
     args = parser.parse_args(argv)
     check_reps_and_tokens(parser, args)
@@ -79,6 +90,19 @@ def cases(args: argparse.Namespace) -> list[RooflineCase]:
 def head_tiles(tiles: int):
     """arch.py's TileLang decode config with HEAD_TILES set, for the block's calls."""
     return decode_constexpr("HEAD_TILES", tiles)
+
+
+def candidate_config(candidate: str, tiles: int, b: bool):
+    """The config A (``b`` False: as shipped) or B runs under."""
+    if candidate == "qk-registers":
+        return decode_constexpr("QK_REGISTERS", int(b))
+    return head_tiles(tiles if b else 1)
+
+
+def candidate_name(candidate: str, tiles: int) -> str:
+    if candidate == "qk-registers":
+        return "wide kernel, QK B fragments from decoded registers (QK_REGISTERS 1)"
+    return f"narrow kernel, {tiles} n-tiles of 8 heads per CTA (HEAD_TILES {tiles})"
 
 
 def agreement(a: tuple, b: tuple) -> dict:
@@ -97,7 +121,7 @@ def agreement(a: tuple, b: tuple) -> dict:
     }
 
 
-def run_case(case: RooflineCase, tiles: int, timer, roofline_s) -> dict:
+def run_case(case: RooflineCase, tiles: int, timer, roofline_s, candidate="head-tiles") -> dict:
     import torch
 
     from benchmarks.microbench_sparse_mla import decode_inputs, run_decode
@@ -105,12 +129,12 @@ def run_case(case: RooflineCase, tiles: int, timer, roofline_s) -> dict:
     st = decode_inputs(case.T, case.heads, *WIDTHS)
 
     def call(b: bool):
-        with head_tiles(tiles if b else 1):  # A writes outs[0], B outs[1]
+        with candidate_config(candidate, tiles, b):  # A writes outs[0], B outs[1]
             return run_decode(st, case.heads, case.splits, out_slot=int(b))
 
     from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import decode_kernel_shape
 
-    with head_tiles(tiles):  # what B runs: 16 heads take 2 n-tiles whatever HEAD_TILES is
+    with candidate_config(candidate, tiles, True):  # 16 heads take 2 n-tiles at most
         _, used = decode_kernel_shape(case.heads)
     row: dict = {"case": case.name, **dataclasses.asdict(case), "tiles_b": used}
     got = {}
@@ -148,12 +172,16 @@ def _line(row: dict, gpu: str) -> str:
         )
     return (
         f"{head} | A wide {row['a_median_us']:8.1f} us (p80 {row['a_p80_us']:8.1f},"
-        f" {row['a_roofline_fraction']:5.1%} of roofline) | B head tiles x{row['tiles_b']}"
+        f" {row['a_roofline_fraction']:5.1%} of roofline) | B {_b_label(row)}"
         f" {row['b_median_us']:8.1f} us (p80 {row['b_p80_us']:8.1f},"
         f" {row['b_roofline_fraction']:5.1%}) | A/B {row['speedup_median']:.3f}x"
         f" (p80 {row['speedup_p80']:.3f}x) | roofline {row['roofline_us']:.1f} us"
         f" | rel err {row['rel_err_out']:.2e}"
     )
+
+
+def _b_label(row: dict) -> str:
+    return "qk-regs" if row.get("candidate") == "qk-registers" else f"head tiles x{row['tiles_b']}"
 
 
 def mma_sync_ceiling_tflops(timer) -> float:
@@ -200,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = run_on_tilelang(
         cases(args),
-        lambda case: run_case(case, args.tiles, timer, roofline_s),
+        lambda case: {
+            "candidate": args.candidate,
+            **run_case(case, args.tiles, timer, roofline_s, args.candidate),
+        },
         _line,
         info.get("gpu", "?"),
     )
@@ -210,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "reps": args.reps,
         "widths": list(WIDTHS),
         "a": "wide kernel: 16 heads per CTA (HEAD_TILES 1)",
-        "b": f"narrow kernel, {args.tiles} n-tiles of 8 heads per CTA (HEAD_TILES {args.tiles})",
+        "b": candidate_name(args.candidate, args.tiles),
         "copy_bandwidth_gbs": copy_gbs,
         "mma_sync_ceiling_tflops": mma_tflops,
         "wall_s": round(time.perf_counter() - start, 1),

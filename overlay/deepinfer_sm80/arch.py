@@ -164,6 +164,12 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # instructions issued at 1.30 instead of 1.90 per cycle
     # (NVIDIA_H100.ab_decode_head_tiles.txt, NVIDIA_H100.ncu_decode_T256_H64_throughput_*.txt).
     # 1 ships. No Ampere GPU has run it: an A100 owner can time it with that benchmark.
+    # QK_REGISTERS (0 or 1): the wide kernel's NoPE warps feed QK's B fragments from their
+    # decoded registers instead of ldmatrix from their slices (AttentionVariant.qk_registers):
+    # 5 instead of 9 ldmatrix per NoPE warp and tile, in a kernel the L1/shared path binds
+    # (ncu, H100: L1/TEX 77.6% at T=256, 64 heads); 128 registers, no spills on sm_80/86.
+    # No GPU has timed it, so 0 ships (with 0 the shipped cubins are those without the
+    # option); `benchmarks/sparse_mla_ab_head_tiles.py --candidate qk-registers` times it.
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,
@@ -175,6 +181,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
             ("THROUGHPUT_ROWS_PER_SPLIT", 640),
             ("SPLITS_FASTEST", 0),
             ("HEAD_TILES", 1),
+            ("QK_REGISTERS", 0),
         ),
     ),
     # The Triton prefill (where TileLang cannot run or DEEPINFER_SPARSE_MLA_PREFILL=triton).

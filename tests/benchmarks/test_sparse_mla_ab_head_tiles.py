@@ -91,3 +91,29 @@ def test_a_knob_the_config_lacks_is_refused():
         decode_constexpr("HEAD_TILE", 4),
     ):
         pass
+
+
+def test_qk_registers_candidate_reaches_launch_and_only_the_callee_changes(monkeypatch):
+    """--candidate qk-registers: A is the shipped wide kernel, B the same kernel with
+    QK_REGISTERS 1 (8 heads run the narrow kernel either way); TileLang's generated code
+    differs only in the callee's last template argument."""
+    args = ab.parse_args(["--out", "x.json", "--candidate", "qk-registers"])
+    assert args.candidate == "qk-registers"
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--out", "x", "--candidate", "faster"])
+    built = decode_launches.record_variants(monkeypatch)
+    for b in (False, True):
+        with ab.candidate_config("qk-registers", args.tiles, b):
+            for heads in (8, 64):
+                decode_launches.launch(heads)
+    assert [(v.narrow, v.qk_registers) for v in built] == [
+        (True, False), (False, False), (True, False), (False, True),
+    ]  # fmt: skip
+    assert not any(v.qk_registers for v in tilelang_kernels.shipped_variants())
+    assert "QK_REGISTERS 1" in ab.candidate_name("qk-registers", 4)
+    off = AttentionVariant(128, 512, True, True, 192, 1, False)
+    on = AttentionVariant(128, 512, True, True, 192, 1, False, qk_registers=True)
+    off_launch, off_source = decode_launches.lowered(off)
+    on_launch, on_source = decode_launches.lowered(on)
+    assert on_launch == off_launch
+    assert on_source == off_source.replace(off.callee() + "(", on.callee() + "(")

@@ -688,6 +688,97 @@ def test_head_tile_kernels_fit_ampere():
     assert {r.smem_optin for r in reports if "h32" in r.label} == {True}
 
 
+# ------------------------------------------------------------------ QK from registers
+# arch.py QK_REGISTERS 1: the wide kernel's NoPE warps take QK's B fragments from their
+# decoded registers, the query slice loaded in their dim order
+# (AttentionVariant.qk_registers). Off by default; these tests run it wherever the GPU
+# tier runs.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [64, 32, 16, 9])
+@pytest.mark.parametrize("rows", [16, 192, 640])
+def test_qk_register_kernel_against_the_reference(device, monkeypatch, heads, rows):
+    """Against the fp64 reference on the error budget: 40, 4 and 1 splits per token,
+    tokens with fewer splits and with none, idle owner warps (9 heads); rows past the
+    fold's scale range (the full decode) mixed with fast rows in a tile; one token alone
+    gives its bits in the batch; a CUDA-graph replay gives the eager bits; the merge's
+    counters are back at zero."""
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
+    _with_rows_per_split(monkeypatch, rows)
+    _with_decode_constexpr(monkeypatch, "QK_REGISTERS", 1)
+    wide = [v for v in tilelang_kernels.shipped_variants() if not v.narrow and not v.bf16_rows]
+    assert wide and all(v.qk_registers for v in wide)
+    case = make_decode_case(
+        5, 64, seed=heads + rows + 1, device=device, lens=[128, 128, 60, 0, 128],
+        extra_lens=[512, 100, 3, 0, 317], cached_rows=_extreme_groups,
+    )  # fmt: skip
+    huge = slice(64 * HUGE_GROUP, 64 * HUGE_GROUP + 64)
+    case.q[:, :, huge] = (case.q[:, :, huge].float() * 2.0**-80).bfloat16()
+    got, _ = _check_decode(case, heads, f"QK from registers, H{heads}, {rows} rows")
+    assert got[:, :heads, huge].float().abs().amax() > 2.0**70  # the full decode took part
+    bits = lambda x: x[:, :heads].contiguous().view(torch.int16)  # noqa: E731
+    single, _ = case.token(2).run(heads)
+    assert torch.equal(bits(single)[0], bits(got)[2])
+    out = torch.empty_like(case.q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        case.run(heads, out=out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(out), bits(got))
+    for counters in tilelang_kernels._counters.values():
+        assert counters.abs().sum().item() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mutant", mutants.MUTANTS)
+def test_qk_register_budget_rejects_every_mutant(device, monkeypatch, mutant):
+    """test_decode_budget_rejects_every_mutant on the wide kernel with QK from registers."""
+    monkeypatch.setenv(mla_engine.DECODE_ENGINE_ENV, "tilelang")
+    _with_decode_constexpr(monkeypatch, "QK_REGISTERS", 1)
+    _assert_budget_rejects(device, "tilelang-qk-registers", 16, mutant)
+
+
+def test_qk_register_variant_and_refusals(monkeypatch):
+    td = tilelang_kernels
+    v = td.AttentionVariant(128, 512, True, True, 192, qk_registers=True)
+    off = td.AttentionVariant(128, 512, True, True, 192)
+    assert v != off and v.label == off.label[:-1] + ",qk-regs]"
+    assert v.callee() == off.callee()[:-1] + ", false, true>"
+    fastest = td.AttentionVariant(128, 512, True, True, 192, splits_fastest=True, qk_registers=True)
+    assert fastest.callee().endswith(", true, true>")
+    assert (v.smem_bytes(), v.min_ctas_per_sm) == (off.smem_bytes(), 2)
+    for bad in ({"narrow": True}, {"bf16_rows": True, "rows_per_split": 640, "extra_width": 0}):
+        kw = {"main_width": 640 if "bf16_rows" in bad else 128, "extra_width": 512,
+              "has_len": True, "has_sink": True, "rows_per_split": 192, **bad}  # fmt: skip
+        with pytest.raises(ValueError, match="qk_registers: QK from decoded registers"):
+            td.AttentionVariant(**kw, qk_registers=True)
+    # The flag reaches the shipped wide decode variants only, and launch() picks them.
+    _with_decode_constexpr(monkeypatch, "QK_REGISTERS", 1)
+    shipped = td.shipped_variants()
+    assert {v.qk_registers for v in shipped if not v.narrow and not v.bf16_rows} == {True}
+    assert not any(v.qk_registers for v in shipped if v.narrow or v.bf16_rows)
+
+
+@pytest.mark.aot
+def test_qk_register_kernels_fit_ampere(monkeypatch):
+    """arch.py QK_REGISTERS=1: the wide decode variants (latency and throughput split
+    sizes, all three index widths) fit sm_80 and sm_86 at two CTAs per SM without
+    spills, in the shipped kernels' shared memory."""
+    from deepinfer_sm80 import tilelang_build
+    from deepinfer_sm80.ampere_fit import fit_violations, format_reports
+
+    _with_decode_constexpr(monkeypatch, "QK_REGISTERS", 1)
+    variants = [v for v in tilelang_kernels.shipped_variants() if v.qk_registers]
+    assert len(variants) == 4
+    reports = tilelang_build.fit_reports(variants, (80, 86))
+    print(format_reports(reports))
+    assert len(reports) == 8 and fit_violations(reports) == []
+    assert all(r.min_ctas_per_sm == 2 and r.registers <= 128 for r in reports)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [32, 8])
 def test_decode_replays_under_cuda_graph(device, engine, heads):

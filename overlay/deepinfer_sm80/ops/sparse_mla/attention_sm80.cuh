@@ -309,6 +309,28 @@ __device__ __forceinline__ void store_tile(uint16_t* ks, const TileBytes& b, con
   }
 }
 
+// store_tile's NoPE path for kQkRegisters: the same decode and stores, with the lane's
+// decoded chunks (rows lane / 4 + 8 i, chunk lane % 4) also left in dec[i] = {lo, hi},
+// QK's B fragments up to the dim order the query slice is loaded in.
+__device__ __forceinline__ void store_nope_tile_keeping(uint16_t* ks, const TileBytes& b,
+                                                        const uint8_t* scale, int lane,
+                                                        uint4 (&dec)[2][2]) {
+  const uint32_t s0 = scale[lane >> 2], s1 = scale[(lane >> 2) + 8];
+  if (__all_sync(0xffffffffu, max(s0, s1) <= kFastMaxScale)) {  // as store_tile chooses
+#pragma unroll
+    for (int i = 0; i < 2; ++i) raw_chunk(b.v[i], dec[i][0], dec[i][1]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) decode_chunk(b.v[i], i == 0 ? s0 : s1, dec[i][0], dec[i][1]);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    uint4* d = reinterpret_cast<uint4*>(ks + ((lane >> 2) + 8 * i) * kKsStride + 16 * (lane & 3));
+    d[0] = dec[i][0];
+    d[1] = dec[i][1];
+  }
+}
+
 // Column of sp holding (row, col): the two 8-column halves swap on rows 2-3 mod 4, so the
 // MMA fragments' float2 stores (rows g, 8 rows at a time) and the owners' row reads both
 // spread over all 32 banks.
@@ -573,7 +595,7 @@ __device__ __forceinline__ void merge_splits_if_last(
 
 template <int kMainWidth, int kExtraWidth, bool kHasExtra, bool kHasLen, bool kHasSink,
           int kRowsPerSplit, int kMaxSplits, int kPrefetch, int kSmemBytes, bool kBf16Rows,
-          bool kSplitsFastest = false>
+          bool kSplitsFastest = false, bool kQkRegisters = false>
 __device__ __forceinline__ void attention_cta(
     int64_t q_addr, int64_t q_stride_t, int64_t q_stride_h, int64_t out_addr,
     int64_t out_stride_t, int64_t out_stride_h, float* lse_ptr, int64_t lse_stride_t,
@@ -603,7 +625,12 @@ __device__ __forceinline__ void attention_cta(
   // NoPE warps: in the tile's pair order (lane c holds dims b + (c & 1) and b + 2 + (c & 1)
   // of the 4-dim block b = 16 kk + 4 (c >> 1)) and times 2^64. The raw words are loaded
   // here and rearranged after the index loads below, so both loads are in flight at once.
+  // With kQkRegisters, QK's B fragments are the lane's own decoded registers (chunk c of
+  // rows g and g + 8, store_nope_tile_keeping), so the k order is theirs: at k-step kk,
+  // fragment columns 2c, 2c + 1 are dims 16c + 4kk + {0, 2} and columns 2c + 8, 2c + 9
+  // dims 16c + 4kk + {1, 3}; the lane loads dims 16c + 4kk .. + 3 and splits them so.
   const bool nope = !kBf16Rows && warp < kNopeWarps;
+  const bool qk_regs = kQkRegisters && nope;
   uint32_t qw[4][4][2];
   {
     const uint16_t* q = reinterpret_cast<const uint16_t*>(q_addr) + t * q_stride_t + 64 * warp;
@@ -616,8 +643,9 @@ __device__ __forceinline__ void attention_cta(
 #pragma unroll
       for (int f = 0; f < 4; ++f) {  // A fragment f: head g (f even) or g + 8, dims + 8 (f >= 2)
         const bool ok = (f & 1) ? hi_ok : lo_ok;
-        const uint16_t* p = ((f & 1) ? q_hi : q_lo) + 16 * kk + (f >= 2 ? 8 : 0) +
-                            (nope ? 4 * (c >> 1) : 2 * c);
+        const uint16_t* head = (f & 1) ? q_hi : q_lo;
+        const uint16_t* p = qk_regs ? head + 16 * c + 4 * kk
+                                    : head + 16 * kk + (f >= 2 ? 8 : 0) + (nope ? 4 * (c >> 1) : 2 * c);
         qw[kk][f][0] = ok ? *reinterpret_cast<const uint32_t*>(p) : 0u;
         qw[kk][f][1] = (ok && nope) ? *reinterpret_cast<const uint32_t*>(p + 2) : 0u;
       }
@@ -684,7 +712,9 @@ __device__ __forceinline__ void attention_cta(
     for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
-        qa[kk][f] = nope ? mul_bf16x2(__byte_perm(qw[kk][f][0], qw[kk][f][1], pick), kQBiasBf16x2)
+        // qk_regs: the even dims of the lane's 4 for fragments 0, 1, the odd for 2, 3
+        const uint32_t pick_f = qk_regs ? (f >= 2 ? 0x7632u : 0x5410u) : pick;
+        qa[kk][f] = nope ? mul_bf16x2(__byte_perm(qw[kk][f][0], qw[kk][f][1], pick_f), kQBiasBf16x2)
                          : qw[kk][f][0];
       }
     }
@@ -735,7 +765,12 @@ __device__ __forceinline__ void attention_cta(
       f89 = *reinterpret_cast<const uint32_t*>(&sm.fold[warp][i0 + 8 + 2 * c]);
     }
 
-    store_tile<kBf16Rows>(ks, cur, tile_scale, warp, lane);
+    uint4 dec[2][2];  // kQkRegisters: a NoPE lane's decoded chunks
+    if (qk_regs) {
+      store_nope_tile_keeping(ks, cur, tile_scale, lane, dec);
+    } else {
+      store_tile<kBf16Rows>(ks, cur, tile_scale, warp, lane);
+    }
     // The bytes are decoded: refill the buffer with the tile kPrefetch ahead.
     if (r0 + kPrefetch * kRows < r_end) load_tile<kBf16Rows>(cur, sm.rec, i0 + kPrefetch * kRows, warp, lane);
     __syncwarp();
@@ -746,22 +781,35 @@ __device__ __forceinline__ void attention_cta(
     // n-tile's ldmatrix and ran the chains back to back, a NOP-padded chain of 8 dependent
     // MMAs (Nsight Compute, H200). Four chains of 2, with the adds to merge them, measured
     // no faster.
-    uint32_t kb[2][2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        ldsm_x4(kb[j][h], ks + (8 * j + (lane & 7)) * kKsStride + 32 * h + 8 * (lane >> 3));
-      }
-    }
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // kQkRegisters: a NoPE warp's B fragments are its decoded registers, no ldmatrix (a
+    // quarter of its shared-memory wavefronts per tile; PV still reads the slice).
+    if (qk_regs) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
+      for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          mma_bf16(s[j], qa[2 * h + half], kb[j][h][2 * half], kb[j][h][2 * half + 1]);
+          const uint4& w = dec[j][kk >> 1];  // k-step kk: word kk of the chunk, even, odd
+          mma_bf16(s[j], qa[kk], (kk & 1) ? w.z : w.x, (kk & 1) ? w.w : w.y);
+        }
+      }
+    } else {
+      uint32_t kb[2][2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          ldsm_x4(kb[j][h], ks + (8 * j + (lane & 7)) * kKsStride + 32 * h + 8 * (lane >> 3));
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            mma_bf16(s[j], qa[2 * h + half], kb[j][h][2 * half], kb[j][h][2 * half + 1]);
+          }
         }
       }
     }

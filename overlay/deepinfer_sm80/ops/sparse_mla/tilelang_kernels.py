@@ -73,6 +73,10 @@ class AttentionVariant:
     # each row once for all of them. Past 128 registers and 48 KB: one CTA per SM, shared
     # memory by opt-in (``smem_optin``).
     head_tiles: int = 1
+    # The wide decode kernel's QK B fragments from the NoPE warps' decoded registers
+    # (kQkRegisters in attention_sm80.cuh) instead of ldmatrix from their slices: the
+    # query slice is loaded in the registers' dim order. arch.py QK_REGISTERS.
+    qk_registers: bool = False
 
     def __post_init__(self) -> None:
         if self.rows_per_split % ROWS_PER_TILE:
@@ -85,6 +89,12 @@ class AttentionVariant:
             raise ValueError(
                 f"head_tiles={self.head_tiles}: n-tiles of heads are the narrow decode "
                 "kernel's (narrow=True, bf16_rows=False)"
+            )
+        if self.qk_registers and (self.narrow or self.bf16_rows):
+            raise ValueError(
+                "qk_registers: QK from decoded registers is the wide decode kernel's "
+                "(narrow=False, bf16_rows=False); the narrow kernel feeds QK from registers "
+                "always"
             )
         if self.narrow and self.prefetch != 1:
             raise ValueError(
@@ -117,7 +127,8 @@ class AttentionVariant:
             f"sparse_mla.{op}_tl[{self.main_width}+{self.extra_width},"
             f"r{self.rows_per_split},p{self.prefetch}{flags}"
             f"{f',h{self.heads_per_cta}' if self.narrow else ''}"
-            f"{',splits-fastest' if self.splits_fastest else ''}]"
+            f"{',splits-fastest' if self.splits_fastest else ''}"
+            f"{',qk-regs' if self.qk_registers else ''}]"
         )
 
     @property
@@ -193,9 +204,13 @@ class AttentionVariant:
         )
 
     def _tail_arguments(self) -> str:
-        """The defaulted template arguments: kSplitsFastest, then (narrow) kHeadTiles."""
+        """The defaulted template arguments: kSplitsFastest, then kHeadTiles (narrow) or
+        kQkRegisters (wide), each written only when it or a later one is not its default."""
+        fastest = "true" if self.splits_fastest else "false"
         if self.head_tiles > 1:
-            return f", {'true' if self.splits_fastest else 'false'}, {self.head_tiles}"
+            return f", {fastest}, {self.head_tiles}"
+        if self.qk_registers:
+            return f", {fastest}, true"
         return ", true" if self.splits_fastest else ""
 
     def build(self):
@@ -322,9 +337,20 @@ def shipped_variants() -> list[AttentionVariant]:
     cfg = kernel_config("sparse_mla.decode_tilelang").constexpr_dict()
     rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
     order = {"splits_fastest": bool(cfg["SPLITS_FASTEST"])}
+    qk_regs = bool(cfg.get("QK_REGISTERS", 0))
     widths = ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
     decode = [
-        AttentionVariant(main, extra, True, True, rps, 1 if narrow else prefetch, narrow, **order)
+        AttentionVariant(
+            main,
+            extra,
+            True,
+            True,
+            rps,
+            1 if narrow else prefetch,
+            narrow,
+            qk_registers=qk_regs and not narrow,
+            **order,
+        )
         for narrow in (False, True)
         for main, extra in widths
     ]
@@ -337,6 +363,7 @@ def shipped_variants() -> list[AttentionVariant]:
             cfg["THROUGHPUT_ROWS_PER_SPLIT"],
             1 if narrow else prefetch,
             narrow,
+            qk_registers=qk_regs and not narrow,
             **order,
         )
         for narrow in (False, True)
@@ -522,6 +549,7 @@ def launch(
         narrow=narrow,
         splits_fastest=bool(cfg["SPLITS_FASTEST"]),
         head_tiles=head_tiles,
+        qk_registers=bool(cfg.get("QK_REGISTERS", 0)) and not narrow,
     )
     if variant not in _seen:
         # A variant warmup did not build compiles on first use (about 2 s, with nvcc):

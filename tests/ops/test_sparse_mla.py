@@ -577,6 +577,24 @@ def test_splits_fastest_grid_gives_the_same_bits(device, monkeypatch, heads, row
 # run it wherever the GPU tier runs.
 
 
+def _assert_token_and_graph_bits(case, heads: int, got: torch.Tensor) -> None:
+    """Token 2 alone gives its bits in the batch ``got``; a CUDA-graph replay gives the
+    eager bits; the split merge's counters are back at zero."""
+    bits = lambda x: x[:, :heads].contiguous().view(torch.int16)  # noqa: E731
+    single, _ = case.token(2).run(heads)
+    assert torch.equal(bits(single)[0], bits(got)[2])
+    out = torch.empty_like(case.q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        case.run(heads, out=out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(out), bits(got))
+    for counters in tilelang_kernels._counters.values():
+        assert counters.abs().sum().item() == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [2, 4])
 @pytest.mark.parametrize("heads", [64, 32, 20, 16, 9])
@@ -597,19 +615,7 @@ def test_head_tile_kernel_against_the_reference(device, monkeypatch, tiles, head
         extra_lens=[512, 100, 3, 0, 317],
     )  # fmt: skip
     got, _ = _check_decode(case, heads, f"head tiles {tiles}, H{heads}, {rows} rows")
-    bits = lambda x: x[:, :heads].contiguous().view(torch.int16)  # noqa: E731
-    single, _ = case.token(2).run(heads)
-    assert torch.equal(bits(single)[0], bits(got)[2])
-    out = torch.empty_like(case.q)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        case.run(heads, out=out)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(bits(out), bits(got))
-    for counters in tilelang_kernels._counters.values():
-        assert counters.abs().sum().item() == 0
+    _assert_token_and_graph_bits(case, heads, got)
 
 
 @pytest.mark.gpu
@@ -717,19 +723,7 @@ def test_qk_register_kernel_against_the_reference(device, monkeypatch, heads, ro
     case.q[:, :, huge] = (case.q[:, :, huge].float() * 2.0**-80).bfloat16()
     got, _ = _check_decode(case, heads, f"QK from registers, H{heads}, {rows} rows")
     assert got[:, :heads, huge].float().abs().amax() > 2.0**70  # the full decode took part
-    bits = lambda x: x[:, :heads].contiguous().view(torch.int16)  # noqa: E731
-    single, _ = case.token(2).run(heads)
-    assert torch.equal(bits(single)[0], bits(got)[2])
-    out = torch.empty_like(case.q)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        case.run(heads, out=out)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(bits(out), bits(got))
-    for counters in tilelang_kernels._counters.values():
-        assert counters.abs().sum().item() == 0
+    _assert_token_and_graph_bits(case, heads, got)
 
 
 @pytest.mark.gpu

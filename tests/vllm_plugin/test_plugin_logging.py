@@ -18,6 +18,8 @@ CASES = {
     # the user asked for warnings only: kept
     "user_level": ("logging.getLogger('deepinfer_sm80').setLevel(logging.WARNING)", False),
 }
+# Run after log_info_by_default: a root handler configured later adds no second copy.
+AFTER = {"unconfigured": "logging.basicConfig()"}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -28,6 +30,7 @@ def test_the_warmup_info_line_reaches_stderr_once(case):
         f"{setup}\n"
         "from deepinfer_sm80.vllm_plugin import log_info_by_default\n"
         "log_info_by_default(); log_info_by_default()\n"
+        f"{AFTER.get(case, '')}\n"
         "logging.getLogger('deepinfer_sm80.warmup').info('sparse MLA: seeded 24 files')\n"
     )
     r = subprocess.run(

@@ -40,13 +40,15 @@ def log_info_by_default() -> None:
     """Let the overlay's INFO lines (warmup: AOT files seeded, kernels ready and how long)
     reach the server log. vLLM configures only its own ``vllm`` loggers, so ours inherit
     the root's WARNING and a cold start could not say where its time went. A level set
-    by the user (``logging`` config) is kept; without any handler anywhere, one to stderr."""
+    by the user (``logging`` config) is kept; without any handler anywhere, one to stderr,
+    and then not also the root's (configured later, it would print every line twice)."""
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
     if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s"))
         logger.addHandler(handler)
+        logger.propagate = False
 
 
 def register() -> None:

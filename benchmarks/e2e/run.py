@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
+import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -369,7 +371,11 @@ def phase_speculative(args) -> dict:
     # pool), so on an 80 GB GPU a second server beside it runs out of memory.
     for s in servers:
         try:
+            if args.cold_starts:
+                emptied = empty_compile_caches()
+                log(f"{s.spec.name}: compile caches emptied ({', '.join(emptied)})")
             result["servers"].update(start_all([s], 0.0))
+            result["servers"][s.spec.name]["cold"] = bool(args.cold_starts)
             if "ready_s" not in result["servers"][s.spec.name]:
                 continue
             if s.spec.via_cli:
@@ -396,6 +402,34 @@ def phase_speculative(args) -> dict:
         finally:
             s.stop()
     return result
+
+
+# The compile caches a server fills as it starts (Triton's, TileLang's, vLLM's); the AOT
+# folder (DEEPINFER_AOT_DIR) is not among them: the image ships it.
+COMPILE_CACHE_ENVS = ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR", "VLLM_CACHE_ROOT")
+
+
+def named_compile_caches(env=None) -> list[str]:
+    """The compile caches' folders; each must be named in the environment (a default one is
+    the user's own, never emptied here)."""
+    env = os.environ if env is None else env
+    unset = [k for k in COMPILE_CACHE_ENVS if not env.get(k)]
+    if unset:
+        raise ValueError(
+            f"--cold-starts empties the compile caches, which {unset} must name (set them to "
+            "folders of this run, as scripts/e2e-on-device does)"
+        )
+    return [env[k] for k in COMPILE_CACHE_ENVS]
+
+
+def empty_compile_caches(env=None) -> list[str]:
+    """Empty the compile caches, so the next server starts as on a fresh machine; returns
+    their folders."""
+    folders = named_compile_caches(env)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    return folders
 
 
 SEQ, CON = "sequential", "concurrent"
@@ -489,6 +523,10 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
                 )
         out["speculative"] = spec_eq
         out["health"] = speculative.get("health")
+        out["starts"] = {
+            name: {k: v for k, v in state.items() if k in ("ready_s", "cold", "error")}
+            for name, state in speculative.get("servers", {}).items()
+        }
     out["verdict"] = overall_verdict(out["comparisons"])
     check = out.get("speculative", {}).get("ours-spec-launch greedy check")
     if check is not None and not check["greedy"] and out["verdict"]["result"] != "FAIL":
@@ -606,6 +644,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-throughput", dest="throughput", action="store_false")
     p.add_argument("--stagger-s", type=float, default=3.0, help="pause between server starts")
     p.add_argument(
+        "--cold-starts",
+        action="store_true",
+        help="speculative: empty the compile caches (TRITON_CACHE_DIR, TILELANG_CACHE_DIR, "
+        "VLLM_CACHE_ROOT) before each server, so both start as on a fresh machine",
+    )
+    p.add_argument(
         "--servers-per-wave",
         type=int,
         default=SERVERS_PER_WAVE,
@@ -614,6 +658,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--factor", type=float, default=agreement.DEFAULT_FACTOR)
     args = p.parse_args(argv)
+    if args.cold_starts:
+        if args.phase != "speculative":
+            p.error("--cold-starts: the speculative phase's option")
+        try:
+            named_compile_caches()
+        except ValueError as exc:
+            p.error(str(exc))
     if args.phase == "controls":
         for c in selected_controls(args):
             print(c.checkpoint, c.layer, c.rel)
@@ -656,6 +707,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name, v in rep.get("speculative", {}).items():
             print(f"{name}: {json.dumps(v)}")
+        for name, v in rep.get("starts", {}).items():
+            how = "from emptied compile caches" if v.get("cold") else "caches as found"
+            ready = f"ready after {v['ready_s']:.0f} s" if "ready_s" in v else "did not start"
+            print(f"{name} start ({how}): {ready}")
         print(f"resolving power: {rep['verdict']['resolving_power']}")
         print(f"verdict: {rep['verdict']['result']} ({rep['verdict']['why']})")
         return 0 if rep["verdict"]["result"] == "PASS" else 1
@@ -676,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     result = fn(args)
     (args.out / f"{args.phase}.json").write_text(json.dumps(result))
     if args.phase == "speculative":  # its compact copy, which collect brings back
-        n = record.write(args.out / "speculative.npz", result, list(result["runs"]), ("health",))
+        n = record.write(args.out / "speculative.npz", result, list(result["servers"]), ("health",))
         log(f"speculative.npz: {record.size_mib(n)}")
     return 0
 

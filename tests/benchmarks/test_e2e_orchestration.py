@@ -75,9 +75,17 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     assert set(corr["runs"]["stock-eager-chunk2048"]) == {"sequential", "concurrent"}
     assert set(corr["throughput"]) == {"stock-graphs", "ours-graphs"}
     assert corr["throughput"]["ours-graphs"]["decode_c16"]["aggregate_tok_s"] > 0
-    r = _run("speculative", *common, out=out)
+    caches = {k: tmp_path / "caches" / k for k in run.COMPILE_CACHE_ENVS}
+    for folder in caches.values():
+        folder.mkdir(parents=True)
+        (folder / "compiled-before").write_text("x")
+    r = _run("speculative", *common, "--cold-starts", out=out,
+             env_extra={k: str(v) for k, v in caches.items()})  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
+    assert all(f.is_dir() and not (f / "compiled-before").exists() for f in caches.values())
+    assert r.stdout.count("compile caches emptied") == 2
     spec = json.loads((out / "speculative.json").read_text())
+    assert all(v["cold"] for v in spec["servers"].values())
     assert spec["servers"]["ours-spec-launch"]["argv"][:2] == ["deepinfer", "launch"]
     assert spec["health"]["ours-spec-launch"]["rc"] == 0
     # One server at a time: the launched server (0.75 of the GPU) is probed and stopped
@@ -100,6 +108,8 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     assert check["greedy"] and check["positions"] == 24 * eq["prompts"], check
     assert check["max_margin"] == 0.0
     assert "OUTSIDE" in r.stdout and "WITHIN" in r.stdout
+    assert "ours-spec-launch start (from emptied compile caches): ready after" in r.stdout
+    assert set(rep["starts"]) == {"ours-spec-launch", "stock-spec"}
     # The compact records alone (what comes back from a GPU machine) give the same report.
     waves = sorted(out.glob("wave-*.npz"))
     assert [w.name for w in waves] == ["wave-controls.npz", "wave-eager.npz", "wave-graphs.npz"]
@@ -342,3 +352,15 @@ def test_a_speculative_server_that_emits_a_non_greedy_token_fails_the_report(tmp
         == rep["speculative"]["ours-spec-launch greedy vs ours-graphs greedy"]["prompts"]
     )
     assert rep["verdict"]["result"] == "FAIL" and "not its greedy choice" in rep["verdict"]["why"]
+
+
+def test_cold_starts_refuse_to_empty_caches_they_are_not_given(tmp_path):
+    """--cold-starts empties only compile caches the environment names (a default one is
+    the user's own), and only for the speculative phase."""
+    model = _checkpoint(tmp_path / "smoke")
+    blank = dict.fromkeys(run.COMPILE_CACHE_ENVS, "")
+    r = _run("speculative", "--model", model, "--cold-starts", out=tmp_path / "out",
+             env_extra=blank)  # fmt: skip
+    assert r.returncode == 2 and "TRITON_CACHE_DIR" in r.stderr and "must name" in r.stderr
+    r = _run("correctness", "--model", model, "--cold-starts", out=tmp_path / "out")
+    assert r.returncode == 2 and "speculative phase's option" in r.stderr

@@ -28,7 +28,7 @@ from benchmarks.sparse_mla_decode_config import (
     check_reps_and_tokens,
     decode_constexpr,
     run_on_tilelang,
-    stack_line,
+    start_ab_run,
     write_report,
 )
 from benchmarks.sparse_mla_decode_config import cases as ab_cases
@@ -121,22 +121,14 @@ def _line(row: dict, gpu: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
-
-    from benchmarks.runner import CudaTimer, device_info, warm_up_gpu
     from deepinfer_sm80 import tilelang_build
 
-    if not torch.cuda.is_available():
-        print("sparse_mla_ab_grid_order: needs a CUDA GPU", file=sys.stderr)
-        return 2
     start = time.perf_counter()
-    info = device_info()
-    print(
-        stack_line(info) + f" | cold L2, CUDA events, {args.reps} reps interleaved A/B", flush=True
-    )
+    started = start_ab_run("sparse_mla_ab_grid_order", args.reps)
+    if started is None:
+        return 2
+    info, timer = started
     case_list = cases(args)
-    warm_up_gpu()
-    timer = CudaTimer(reps=args.reps)
     builds_before = set(tilelang_build._compiled)
     rows = run_on_tilelang(
         case_list, lambda case: run_case(case, timer), _line, info.get("gpu", "?")

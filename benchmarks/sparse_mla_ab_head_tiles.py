@@ -38,7 +38,7 @@ from benchmarks.sparse_mla_decode_config import (
     check_reps_and_tokens,
     decode_constexpr,
     run_on_tilelang,
-    stack_line,
+    start_ab_run,
     write_report,
 )
 from benchmarks.sparse_mla_decode_config import cases as ab_cases
@@ -203,20 +203,13 @@ def mma_sync_ceiling_tflops(timer) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
+    from benchmarks.runner import CudaTimer, measure_copy_bandwidth_gbs
 
-    from benchmarks.runner import CudaTimer, device_info, measure_copy_bandwidth_gbs, warm_up_gpu
-
-    if not torch.cuda.is_available():
-        print("sparse_mla_ab_head_tiles: needs a CUDA GPU", file=sys.stderr)
-        return 2
     start = time.perf_counter()
-    info = device_info()
-    print(
-        stack_line(info) + f" | cold L2, CUDA events, {args.reps} reps interleaved A/B", flush=True
-    )
-    warm_up_gpu()
-    timer = CudaTimer(reps=args.reps)
+    started = start_ab_run("sparse_mla_ab_head_tiles", args.reps)
+    if started is None:
+        return 2
+    info, timer = started
     copy_gbs = measure_copy_bandwidth_gbs(timer)
     mma_tflops = mma_sync_ceiling_tflops(CudaTimer(reps=30))
     print(
@@ -240,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": info,
         "reps": args.reps,
         "widths": list(WIDTHS),
-        "a": "wide kernel: 16 heads per CTA (HEAD_TILES 1)",
+        "a": "wide kernel as shipped: 16 heads per CTA (HEAD_TILES 1, QK_REGISTERS 0)",
         "b": candidate_name(args.candidate, args.tiles),
         "copy_bandwidth_gbs": copy_gbs,
         "mma_sync_ceiling_tflops": mma_tflops,

@@ -76,6 +76,25 @@ def stack_line(info: dict) -> str:
     )
 
 
+def start_ab_run(name: str, reps: int):
+    """The A/B benchmarks' start on the GPU: ``(device info, CudaTimer of reps)`` after
+    printing the stack line and warming the GPU up; None, with the reason on stderr,
+    without a CUDA GPU."""
+    import sys
+
+    import torch
+
+    from benchmarks.runner import CudaTimer, device_info, warm_up_gpu
+
+    if not torch.cuda.is_available():
+        print(f"{name}: needs a CUDA GPU", file=sys.stderr)
+        return None
+    info = device_info()
+    print(stack_line(info) + f" | cold L2, CUDA events, {reps} reps interleaved A/B", flush=True)
+    warm_up_gpu()
+    return info, CudaTimer(reps=reps)
+
+
 def run_on_tilelang(case_list: list, run_case: Callable, line: Callable, gpu: str) -> list[dict]:
     """``run_case(case)`` for each case with the TileLang decode forced (never a silent
     Triton fallback), printing ``line(row, gpu)`` as each row comes."""

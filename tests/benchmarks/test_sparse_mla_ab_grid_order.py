@@ -80,3 +80,14 @@ def test_generated_code_changes_only_when_on(narrow):
     off, on = _variant(narrow, False), _variant(narrow, True)
     assert off_source.count(off.callee() + "(") == 1
     assert on_source == off_source.replace(off.callee() + "(", on.callee() + "(")
+
+
+def test_without_a_gpu_it_says_so_and_writes_nothing(tmp_path, capsys):
+    """Both A/B decode benchmarks start through sparse_mla_decode_config.start_ab_run."""
+    from benchmarks import sparse_mla_ab_head_tiles
+
+    for bench in (ab, sparse_mla_ab_head_tiles):
+        out = tmp_path / f"{bench.__name__}.json"
+        assert bench.main(["--out", str(out)]) == 2
+        assert f"{bench.__name__.split('.')[-1]}: needs a CUDA GPU" in capsys.readouterr().err
+        assert not out.exists()

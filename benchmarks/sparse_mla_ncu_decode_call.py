@@ -12,7 +12,8 @@ with, for example:
 
 Run on a CUDA GPU: ``PYTHONPATH=overlay:. python -m benchmarks.sparse_mla_ncu_decode_call CASE...``,
 CASE as ``T<tokens>_H<heads>_<latency|throughput>``; ``--head-tiles 4`` runs the
-head-tile kernel (arch.py ``HEAD_TILES``) for more than 8 heads.
+head-tile kernel (arch.py ``HEAD_TILES``) for more than 8 heads; ``--qk-registers`` runs the
+wide kernel with QK's B fragments from the decoded registers (arch.py ``QK_REGISTERS``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="arch.py HEAD_TILES for these calls (default: the shipped value)",
     )
+    p.add_argument(
+        "--qk-registers",
+        action="store_true",
+        help="arch.py QK_REGISTERS 1 for these calls (default: the shipped value)",
+    )
     args = p.parse_args(argv)
     import torch
 
@@ -55,12 +61,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             "sparse_mla_ncu_decode_call: needs a CUDA GPU (torch.cuda.is_available() is False)"
         )
-    knob = (
-        decode_constexpr("HEAD_TILES", args.head_tiles)
-        if args.head_tiles
-        else contextlib.nullcontext()
-    )
-    with knob:
+    with contextlib.ExitStack() as knobs:
+        if args.head_tiles:
+            knobs.enter_context(decode_constexpr("HEAD_TILES", args.head_tiles))
+        if args.qk_registers:
+            knobs.enter_context(decode_constexpr("QK_REGISTERS", 1))
         for T, heads, splits in args.cases:
             st = decode_inputs(T, heads, 128, 512)
             run_decode(st, heads, splits)  # compiles; ncu skips this launch (--launch-skip)

@@ -26,3 +26,32 @@ def test_refuses_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         ndc.main(["T256_H64_throughput"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], {}),
+        (["--qk-registers"], {"QK_REGISTERS": 1}),
+        (["--head-tiles", "4", "--qk-registers"], {"HEAD_TILES": 4, "QK_REGISTERS": 1}),
+    ],
+)
+def test_switches_hold_for_the_calls_and_are_restored(monkeypatch, argv, expected):
+    """The profiled calls run under the switches named, and arch.py is as shipped afterwards."""
+    import torch
+
+    import benchmarks.microbench_sparse_mla as mb
+    from benchmarks.sparse_mla_decode_config import CONFIG
+    from deepinfer_sm80 import arch
+
+    shipped = arch.KERNEL_CONFIGS[CONFIG].constexpr_dict()
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(mb, "decode_inputs", lambda *a: object())
+    monkeypatch.setattr(
+        mb, "run_decode", lambda *a: seen.append(arch.KERNEL_CONFIGS[CONFIG].constexpr_dict())
+    )
+    ndc.main(["T4_H64_latency", *argv])
+    assert seen == [{**shipped, **expected}] * 2
+    assert arch.KERNEL_CONFIGS[CONFIG].constexpr_dict() == shipped

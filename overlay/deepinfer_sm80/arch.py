@@ -166,10 +166,14 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # 1 ships. No Ampere GPU has run it: an A100 owner can time it with that benchmark.
     # QK_REGISTERS (0 or 1): the wide kernel's NoPE warps feed QK's B fragments from their
     # decoded registers instead of ldmatrix from their slices (AttentionVariant.qk_registers):
-    # 5 instead of 9 ldmatrix per NoPE warp and tile, in a kernel the L1/shared path binds
-    # (ncu, H100: L1/TEX 77.6% at T=256, 64 heads); 128 registers, no spills on sm_80/86.
-    # No GPU has timed it, so 0 ships (with 0 the shipped cubins are those without the
-    # option); `benchmarks/sparse_mla_ab_head_tiles.py --candidate qk-registers` times it.
+    # 5 instead of 9 ldmatrix per NoPE warp and tile; 128 registers, no spills on sm_80/86.
+    # On an H100 it is 0.94-1.00x the wide kernel at 16 to 64 heads in both split modes:
+    # L1/TEX throughput falls (77.5% to 67.4% at T=256, 64 heads) but the instructions per
+    # HMMA rise (16.5 to 17.8), and the kernel is latency-bound, not L1-bound: 3.8 warps
+    # per scheduler, 0.47 issued per cycle, stalls on fixed-latency dependencies and
+    # shared-memory results (NVIDIA_H100.ab_decode_qk_registers.txt,
+    # NVIDIA_H100.ncu_decode_qk_registers.txt). 0 ships (the shipped cubins are those
+    # without the option).
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

@@ -1,12 +1,15 @@
 """A/B of the TileLang sparse-MLA decode at more than 8 heads per rank: the wide kernel
-as shipped (arch.py ``HEAD_TILES`` 1, ``QK_REGISTERS`` 0; 16 heads per CTA) against a
+as shipped (arch.py ``HEAD_TILES`` 1, ``QK_REGISTERS`` 0, ``CTAS_PER_SM`` 2; 16 heads per
+CTA) against a
 candidate structure, ``--candidate``:
 - ``head-tiles`` (default): the narrow kernel with n-tiles of heads (``HEAD_TILES`` 2 or
   4, ``--tiles``: 16 or 32 heads per CTA, each row loaded and decoded once for all of
   them; ``AttentionVariant.head_tiles``);
 - ``qk-registers``: the wide kernel with QK's B fragments taken from the NoPE warps'
   decoded registers instead of ldmatrix (``QK_REGISTERS`` 1;
-  ``AttentionVariant.qk_registers``).
+  ``AttentionVariant.qk_registers``);
+- ``ctas-3``: the wide kernel built for 3 CTAs per SM instead of 2 (``CTAS_PER_SM`` 3,
+  ``AttentionVariant.ctas_per_sm``: 80 registers, 12 warps per SM).
 
 For 16, 32 and 64 heads per rank, T in (1, 4, 16, 64, 256) and both split modes
 (``engine.decode_split_mode``) on the sparse_mla suite's decode inputs
@@ -44,7 +47,7 @@ from benchmarks.sparse_mla_decode_config import (
 from benchmarks.sparse_mla_decode_config import cases as ab_cases
 
 HEADS = (16, 32, 64)
-CANDIDATES = ("head-tiles", "qk-registers")
+CANDIDATES = ("head-tiles", "qk-registers", "ctas-3")
 TOKENS = (1, 4, 16, 64, 256)
 REL_TOL = 1e-2
 LSE_ATOL = 1e-3
@@ -96,12 +99,16 @@ def candidate_config(candidate: str, tiles: int, b: bool):
     """The config A (``b`` False: as shipped) or B runs under."""
     if candidate == "qk-registers":
         return decode_constexpr("QK_REGISTERS", int(b))
+    if candidate == "ctas-3":
+        return decode_constexpr("CTAS_PER_SM", 3 if b else 2)
     return head_tiles(tiles if b else 1)
 
 
 def candidate_name(candidate: str, tiles: int) -> str:
     if candidate == "qk-registers":
         return "wide kernel, QK B fragments from decoded registers (QK_REGISTERS 1)"
+    if candidate == "ctas-3":
+        return "wide kernel, 3 CTAs per SM (CTAS_PER_SM 3)"
     return f"narrow kernel, {tiles} n-tiles of 8 heads per CTA (HEAD_TILES {tiles})"
 
 
@@ -181,7 +188,10 @@ def _line(row: dict, gpu: str) -> str:
 
 
 def _b_label(row: dict) -> str:
-    return "qk-regs" if row.get("candidate") == "qk-registers" else f"head tiles x{row['tiles_b']}"
+    labels = {"qk-registers": "qk-regs", "ctas-3": "3 CTAs/SM"}
+    if row.get("candidate") in labels:
+        return labels[row["candidate"]]
+    return f"head tiles x{row['tiles_b']}"
 
 
 def mma_sync_ceiling_tflops(timer) -> float:

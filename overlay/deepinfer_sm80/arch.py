@@ -174,6 +174,12 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # shared-memory results (NVIDIA_H100.ab_decode_qk_registers.txt,
     # NVIDIA_H100.ncu_decode_qk_registers.txt). 0 ships (the shipped cubins are those
     # without the option).
+    # CTAS_PER_SM (2 or 3): the wide kernel's minimum CTAs per SM as ptxas is told
+    # (AttentionVariant.ctas_per_sm). 3 gives 12 warps per SM instead of 8 for that latency,
+    # at 80 registers and 3 x 48 KB of shared memory, which sm_80 has (164 KB per SM) and
+    # sm_86 does not (100 KB). ptxas spills 60-76 B per thread there, which the fit check
+    # refuses on both (it ships no spilling kernel), so 3 is a measurement:
+    # `benchmarks/sparse_mla_ab_head_tiles.py --candidate ctas-3` times it. 2 ships.
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,
@@ -186,6 +192,7 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
             ("SPLITS_FASTEST", 0),
             ("HEAD_TILES", 1),
             ("QK_REGISTERS", 0),
+            ("CTAS_PER_SM", 2),
         ),
     ),
     # The Triton prefill (where TileLang cannot run or DEEPINFER_SPARSE_MLA_PREFILL=triton).

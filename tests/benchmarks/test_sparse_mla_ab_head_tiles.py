@@ -117,3 +117,29 @@ def test_qk_registers_candidate_reaches_launch_and_only_the_callee_changes(monke
     on_launch, on_source = decode_launches.lowered(on)
     assert on_launch == off_launch
     assert on_source == off_source.replace(off.callee() + "(", on.callee() + "(")
+
+
+def test_ctas_candidate_reaches_launch_and_only_the_launch_bounds_change(monkeypatch):
+    """--candidate ctas-3: A is the shipped wide kernel (2 CTAs per SM), B the same kernel
+    built for 3 (8 heads run the narrow kernel either way); TileLang's generated code
+    differs only in __launch_bounds__'s minimum."""
+    args = ab.parse_args(["--out", "x.json", "--candidate", "ctas-3"])
+    built = decode_launches.record_variants(monkeypatch)
+    for b in (False, True):
+        with ab.candidate_config("ctas-3", args.tiles, b):
+            for heads in (8, 64):
+                decode_launches.launch(heads)
+    assert [(v.narrow, v.ctas_per_sm) for v in built] == [
+        (True, 2), (False, 2), (True, 2), (False, 3),
+    ]  # fmt: skip
+    assert {v.ctas_per_sm for v in tilelang_kernels.shipped_variants()} == {2}
+    assert "CTAS_PER_SM 3" in ab.candidate_name("ctas-3", 4)
+    assert ab._b_label({"candidate": "ctas-3"}) == "3 CTAs/SM"
+    two = AttentionVariant(128, 512, True, True, 192, 1, False)
+    three = AttentionVariant(128, 512, True, True, 192, 1, False, ctas_per_sm=3)
+    two_launch, two_source = decode_launches.lowered(two)
+    three_launch, three_source = decode_launches.lowered(three)
+    assert three_launch == two_launch
+    assert "__launch_bounds__(256, 2)" in two_source
+    bounds = "__launch_bounds__(256, {})"
+    assert three_source == two_source.replace(bounds.format(2), bounds.format(3))

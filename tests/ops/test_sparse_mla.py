@@ -756,6 +756,44 @@ def test_qk_register_variant_and_refusals(monkeypatch):
     assert not any(v.qk_registers for v in shipped if v.narrow or v.bf16_rows)
 
 
+def test_ctas_per_sm_variant_and_refusals(monkeypatch):
+    td = tilelang_kernels
+    two = td.AttentionVariant(128, 512, True, True, 192)
+    three = td.AttentionVariant(128, 512, True, True, 192, ctas_per_sm=3)
+    assert three != two and three.label == two.label[:-1] + ",ctas3]"
+    assert (three.callee(), three.smem_bytes()) == (two.callee(), two.smem_bytes())
+    assert (two.min_ctas_per_sm, three.min_ctas_per_sm) == (2, 3)
+    with pytest.raises(ValueError, match=r"ctas_per_sm: one of \(2, 3\), got 4"):
+        td.AttentionVariant(128, 512, True, True, 192, ctas_per_sm=4)
+    for bad in ({"narrow": True}, {"bf16_rows": True, "rows_per_split": 640, "extra_width": 0}):
+        kw = {"main_width": 640 if "bf16_rows" in bad else 128, "extra_width": 512,
+              "has_len": True, "has_sink": True, "rows_per_split": 192, **bad}  # fmt: skip
+        with pytest.raises(ValueError, match="ctas_per_sm=3: the CTAs per SM are a wide decode"):
+            td.AttentionVariant(**kw, ctas_per_sm=3)
+    # arch.py's CTAS_PER_SM reaches the shipped wide decode variants only.
+    _with_decode_constexpr(monkeypatch, "CTAS_PER_SM", 3)
+    shipped = td.shipped_variants()
+    assert {v.ctas_per_sm for v in shipped if not v.narrow and not v.bf16_rows} == {3}
+    assert {v.ctas_per_sm for v in shipped if v.narrow or v.bf16_rows} == {2}
+
+
+@pytest.mark.aot
+def test_three_ctas_fit_sm80_not_sm86():
+    """Built for 3 CTAs per SM the wide kernel gets 80 registers on sm_80 and sm_86 and
+    spills, which the fit check names on both; three CTAs' shared memory fits sm_80's
+    164 KB per SM, and the check refuses it on sm_86 (100 KB)."""
+    from deepinfer_sm80 import tilelang_build
+    from deepinfer_sm80.ampere_fit import fit_violations
+
+    v = tilelang_kernels.AttentionVariant(128, 512, True, True, 640, 1, False, ctas_per_sm=3)
+    reports = tilelang_build.fit_reports([v], (80, 86))
+    assert [r.registers for r in reports] == [80, 80]
+    print(fit_violations(reports))
+    sm80, sm86 = fit_violations(reports[:1]), fit_violations(reports[1:])
+    assert len(sm80) == 1 and "spills" in sm80[0] and "sm_80" in sm80[0]
+    assert any("shared" in p and "sm_86" in p for p in sm86), sm86
+
+
 @pytest.mark.aot
 def test_qk_register_kernels_fit_ampere(monkeypatch):
     """arch.py QK_REGISTERS=1: the wide decode variants (latency and throughput split

@@ -46,6 +46,11 @@ HEAD_TILES = (1, 2, 4)  # the narrow kernel's n-tiles of 8 heads per CTA
 SOURCE_FILE = Path(__file__).with_name("attention_sm80.cuh")
 # Two CTAs per SM on sm_80 and sm_86: 128 registers per thread at most.
 MIN_CTAS_PER_SM = 2
+# The wide decode kernel's CTAs per SM (arch.py CTAS_PER_SM): 3 caps it at 80 registers
+# for 50% more warps to hide latency; ptxas then spills 60-76 B per thread on sm_80/86,
+# and three 48 KB CTAs fit sm_80's 164 KB per SM, not sm_86's 100 KB (ampere_fit refuses
+# both: a measurement, not a shipped config).
+WIDE_CTAS_PER_SM = (2, 3)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,9 @@ class AttentionVariant:
     # (kQkRegisters in attention_sm80.cuh) instead of ldmatrix from their slices: the
     # query slice is loaded in the registers' dim order. arch.py QK_REGISTERS.
     qk_registers: bool = False
+    # The wide decode kernel's minimum CTAs per SM, as ptxas is told
+    # (__launch_bounds__): one of WIDE_CTAS_PER_SM. arch.py CTAS_PER_SM.
+    ctas_per_sm: int = MIN_CTAS_PER_SM
 
     def __post_init__(self) -> None:
         if self.rows_per_split % ROWS_PER_TILE:
@@ -96,6 +104,13 @@ class AttentionVariant:
                 "(narrow=False, bf16_rows=False); the narrow kernel feeds QK from registers "
                 "always"
             )
+        if self.ctas_per_sm != MIN_CTAS_PER_SM and (self.narrow or self.bf16_rows):
+            raise ValueError(
+                f"ctas_per_sm={self.ctas_per_sm}: the CTAs per SM are a wide decode kernel "
+                f"option (narrow=False, bf16_rows=False); others run {MIN_CTAS_PER_SM}"
+            )
+        if self.ctas_per_sm not in WIDE_CTAS_PER_SM:
+            raise ValueError(f"ctas_per_sm: one of {WIDE_CTAS_PER_SM}, got {self.ctas_per_sm}")
         if self.narrow and self.prefetch != 1:
             raise ValueError(
                 f"prefetch: the narrow kernel keeps 1 tile in flight, not {self.prefetch}"
@@ -128,7 +143,8 @@ class AttentionVariant:
             f"r{self.rows_per_split},p{self.prefetch}{flags}"
             f"{f',h{self.heads_per_cta}' if self.narrow else ''}"
             f"{',splits-fastest' if self.splits_fastest else ''}"
-            f"{',qk-regs' if self.qk_registers else ''}]"
+            f"{',qk-regs' if self.qk_registers else ''}"
+            f"{f',ctas{self.ctas_per_sm}' if self.ctas_per_sm != MIN_CTAS_PER_SM else ''}]"
         )
 
     @property
@@ -147,7 +163,7 @@ class AttentionVariant:
 
     @property
     def min_ctas_per_sm(self) -> int:
-        return 1 if self.head_tiles > 1 else MIN_CTAS_PER_SM
+        return 1 if self.head_tiles > 1 else self.ctas_per_sm
 
     @property
     def smem_optin(self) -> bool:
@@ -338,6 +354,7 @@ def shipped_variants() -> list[AttentionVariant]:
     rps, prefetch = cfg["ROWS_PER_SPLIT"], cfg["PREFETCH"]
     order = {"splits_fastest": bool(cfg["SPLITS_FASTEST"])}
     qk_regs = bool(cfg.get("QK_REGISTERS", 0))
+    ctas = int(cfg.get("CTAS_PER_SM", MIN_CTAS_PER_SM))
     widths = ((128, 512), (128, 0), (DSPARK_SWA_WIDTH_K5, 0))
     decode = [
         AttentionVariant(
@@ -349,6 +366,7 @@ def shipped_variants() -> list[AttentionVariant]:
             1 if narrow else prefetch,
             narrow,
             qk_registers=qk_regs and not narrow,
+            ctas_per_sm=MIN_CTAS_PER_SM if narrow else ctas,
             **order,
         )
         for narrow in (False, True)
@@ -364,6 +382,7 @@ def shipped_variants() -> list[AttentionVariant]:
             1 if narrow else prefetch,
             narrow,
             qk_registers=qk_regs and not narrow,
+            ctas_per_sm=MIN_CTAS_PER_SM if narrow else ctas,
             **order,
         )
         for narrow in (False, True)
@@ -550,6 +569,7 @@ def launch(
         splits_fastest=bool(cfg["SPLITS_FASTEST"]),
         head_tiles=head_tiles,
         qk_registers=bool(cfg.get("QK_REGISTERS", 0)) and not narrow,
+        ctas_per_sm=MIN_CTAS_PER_SM if narrow else int(cfg.get("CTAS_PER_SM", MIN_CTAS_PER_SM)),
     )
     if variant not in _seen:
         # A variant warmup did not build compiles on first use (about 2 s, with nvcc):

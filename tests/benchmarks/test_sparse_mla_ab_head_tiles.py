@@ -93,6 +93,16 @@ def test_a_knob_the_config_lacks_is_refused():
         pass
 
 
+def _launched_as_a_then_b(monkeypatch, candidate: str, tiles: int) -> list:
+    """The variants launch() builds for 8 and then 64 heads, under A's config and then B's."""
+    built = decode_launches.record_variants(monkeypatch)
+    for b in (False, True):
+        with ab.candidate_config(candidate, tiles, b):
+            for heads in (8, 64):
+                decode_launches.launch(heads)
+    return built
+
+
 def test_qk_registers_candidate_reaches_launch_and_only_the_callee_changes(monkeypatch):
     """--candidate qk-registers: A is the shipped wide kernel, B the same kernel with
     QK_REGISTERS 1 (8 heads run the narrow kernel either way); TileLang's generated code
@@ -101,11 +111,7 @@ def test_qk_registers_candidate_reaches_launch_and_only_the_callee_changes(monke
     assert args.candidate == "qk-registers"
     with pytest.raises(SystemExit):
         ab.parse_args(["--out", "x", "--candidate", "faster"])
-    built = decode_launches.record_variants(monkeypatch)
-    for b in (False, True):
-        with ab.candidate_config("qk-registers", args.tiles, b):
-            for heads in (8, 64):
-                decode_launches.launch(heads)
+    built = _launched_as_a_then_b(monkeypatch, "qk-registers", args.tiles)
     assert [(v.narrow, v.qk_registers) for v in built] == [
         (True, False), (False, False), (True, False), (False, True),
     ]  # fmt: skip
@@ -124,11 +130,7 @@ def test_ctas_candidate_reaches_launch_and_only_the_launch_bounds_change(monkeyp
     built for 3 (8 heads run the narrow kernel either way); TileLang's generated code
     differs only in __launch_bounds__'s minimum."""
     args = ab.parse_args(["--out", "x.json", "--candidate", "ctas-3"])
-    built = decode_launches.record_variants(monkeypatch)
-    for b in (False, True):
-        with ab.candidate_config("ctas-3", args.tiles, b):
-            for heads in (8, 64):
-                decode_launches.launch(heads)
+    built = _launched_as_a_then_b(monkeypatch, "ctas-3", args.tiles)
     assert [(v.narrow, v.ctas_per_sm) for v in built] == [
         (True, 2), (False, 2), (True, 2), (False, 3),
     ]  # fmt: skip

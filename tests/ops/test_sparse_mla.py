@@ -297,7 +297,12 @@ def _extreme_groups(rows: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("heads", [16, NARROW])
 @pytest.mark.parametrize("q_shift", [-80, 0], ids=["mixed-logits", "huge-logits"])
-@pytest.mark.parametrize("splits", ["latency", "throughput"])
+# Throughput splits are the TileLang kernels' alone: the Triton engine has no such case.
+@pytest.mark.parametrize(
+    "engine,splits",
+    [("triton", "latency"), ("tilelang", "latency"), ("tilelang", "throughput")],
+    indirect=["engine"],
+)
 def test_decode_extreme_scales_and_subnormal_codes(
     device, engine, monkeypatch, q_shift, heads, splits
 ):
@@ -306,8 +311,6 @@ def test_decode_extreme_scales_and_subnormal_codes(
     the others in the softmax; unscaled (0), their logits are ~2^80 and q * k must not
     overflow on the way (it did once: the query's 2^64 bias times a full decode). Both
     split modes: throughput runs the 640-row builds (the narrow kernel's register path)."""
-    if splits == "throughput" and engine == "triton":
-        pytest.skip("throughput splits are the TileLang kernels'")
     monkeypatch.setenv(mla_engine.DECODE_SPLITS_ENV, splits)
     case = make_decode_case(
         2,
@@ -487,7 +490,13 @@ def test_split_and_unsplit_agree(device, engine, monkeypatch, heads):
     )
 
 
-@pytest.mark.parametrize("rows", [16, 48, 208, 320, 336, 640])
+# 336 and 640 rows exercise the TileLang narrow kernel's register path: TileLang only.
+@pytest.mark.parametrize(
+    "engine,rows",
+    [(e, r) for e in ("triton", "tilelang") for r in (16, 48, 208, 320, 336, 640)
+     if e == "tilelang" or r <= 320],
+    indirect=["engine"],
+)  # fmt: skip
 def test_decode_split_sizes(device, engine, monkeypatch, rows):
     """Split sizes off the shipped one: 16 rows (40 splits), 48 and 208 (a split's row mask
     ends inside a 32-bit word: the TileLang kernel deals 482 rows as 176 + 176 + 130), 320
@@ -495,8 +504,6 @@ def test_decode_split_sizes(device, engine, monkeypatch, rows):
     narrow kernel's register path for PV, whose tables do not fit beside the slices). 8
     heads: the TileLang warps that own only padded head rows skip their softmax work, and
     the output must not notice."""
-    if rows > 320 and engine == "triton":
-        pytest.skip("336 and 640 rows exercise the TileLang narrow kernel's register path")
     _with_rows_per_split(monkeypatch, rows)
     case = make_decode_case(
         3, 64, seed=rows, device=device, lens=[128, 93, 0], extra_lens=[512, 389, 171]

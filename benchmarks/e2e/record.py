@@ -143,6 +143,20 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def check_same_environment(a: tuple[str, dict], b: tuple[str, dict]) -> None:
+    """Raise unless two ``(label, record)`` pairs ran on one GPU model and one stack
+    (``SAME_ENVIRONMENT``): only such records may be merged or compared run to run."""
+    (label_a, rec_a), (label_b, rec_b) = a, b
+    env_a, env_b = rec_a.get("environment", {}), rec_b.get("environment", {})
+    for field in SAME_ENVIRONMENT:
+        if env_b.get(field) != env_a.get(field):
+            raise ValueError(
+                f"{label_b}: environment field {field!r} is {env_b.get(field)!r}, "
+                f"{label_a} has {env_a.get(field)!r}: use records of one GPU model "
+                "and one stack only"
+            )
+
+
 def merge(records: list[tuple[str, dict]]) -> dict:
     """One record from ``(label, record)`` pairs: their runs, servers and throughput side
     by side. Refuses records of another GPU or stack (``SAME_ENVIRONMENT``) and a server
@@ -161,14 +175,7 @@ def merge(records: list[tuple[str, dict]]) -> dict:
     }
     owner: dict[str, str] = {}
     for label, rec in records:
-        other = rec.get("environment", {})
-        for field in SAME_ENVIRONMENT:
-            if other.get(field) != env.get(field):
-                raise ValueError(
-                    f"{label}: environment field {field!r} is {other.get(field)!r}, "
-                    f"{first_label} has {env.get(field)!r}: merge records of one GPU model "
-                    "and one stack only"
-                )
+        check_same_environment((first_label, first), (label, rec))
         for server in sorted(set(rec.get("runs", {})) | set(rec.get("servers", {}))):
             if server in owner:
                 raise ValueError(
@@ -179,7 +186,8 @@ def merge(records: list[tuple[str, dict]]) -> dict:
         merged["runs"].update(rec.get("runs", {}))
         merged["servers"].update(rec.get("servers", {}))
         merged["throughput"].update(rec.get("throughput", {}))
-        merged["merged_from"].append({"record": label, "host": other.get("host")})
+        host = rec.get("environment", {}).get("host")
+        merged["merged_from"].append({"record": label, "host": host})
     return merged
 
 

@@ -477,6 +477,25 @@ def _systematic(runs: dict, x: str, y: str) -> dict | None:
     return agreement.systematic_deviation(runs[x][SEQ], runs[y][SEQ], runs[x][CON], runs[y][CON])
 
 
+def run_to_run(a: dict, b: dict) -> dict:
+    """How two runs of the same servers differ (two records of one GPU model and stack,
+    e.g. one wave on two machines), server by server: each schedule's summary and, where
+    both schedules ran in both, the systematic deviation. ``report --records`` pairs servers
+    from different runs; that is sound while this stays small beside the bound."""
+    out = {}
+    for server in sorted(set(a["runs"]) & set(b["runs"])):
+        ra, rb = a["runs"][server], b["runs"][server]
+        row: dict = {
+            sched: agreement.summarize(agreement.compare_runs(ra[sched], rb[sched]))
+            for sched in (SEQ, CON)
+            if sched in ra and sched in rb
+        }
+        if all(sched in ra and sched in rb for sched in (SEQ, CON)):
+            row["systematic"] = agreement.systematic_deviation(ra[SEQ], rb[SEQ], ra[CON], rb[CON])
+        out[server] = row
+    return out
+
+
 def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
     runs = dict(correctness["runs"])
     variations = {}
@@ -609,7 +628,7 @@ def _stock_systematic(sources: dict | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("phase", choices=["correctness", "speculative", "report", "controls"])
+    p.add_argument("phase", choices=["correctness", "speculative", "report", "rerun", "controls"])
     p.add_argument("--model", help="the smoke checkpoint folder")
     p.add_argument(
         "--controls-dir",
@@ -668,6 +687,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase == "controls":
         for c in selected_controls(args):
             print(c.checkpoint, c.layer, c.rel)
+        return 0
+    if args.phase == "rerun":
+        if not args.records or len(args.records) != 2:
+            p.error("rerun: --records takes the two records to compare (wave-*.npz or JSON)")
+        try:
+            a, b = ((str(r), record.load(r)) for r in args.records)
+            record.check_same_environment(a, b)
+        except (OSError, ValueError) as exc:
+            p.error(f"--records: {exc}")
+        rows = run_to_run(a[1], b[1])
+        if not rows:
+            p.error("rerun: the two records share no server")
+        for server, row in rows.items():
+            parts = [
+                f"{sched} max|d| {row[sched]['max_abs']:.4g}, "
+                f"mean|d| {row[sched]['mean_abs']:.4g}, top-1 {row[sched]['top1_agreement']:.4%}"
+                for sched in (SEQ, CON)
+                if sched in row
+            ]
+            sys_d = row.get("systematic")
+            parts.append(f"systematic {_nats(sys_d['rms']) if sys_d else 'not measured'}")
+            print(f"{server} run to run: " + "; ".join(parts))
         return 0
     if args.out is None:
         p.error(f"--out is required for {args.phase}")

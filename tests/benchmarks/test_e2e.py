@@ -490,3 +490,42 @@ def test_a_change_that_rounding_noise_hides_from_every_mean_is_flagged_by_what_r
     control = rep["comparisons"]["NEGATIVE CONTROL L24 50% attention vs stock (eager, batch 1)"]
     assert control["systematic"] is None and control["within"]
     assert rep["verdict"]["result"] == "NO VERDICT"
+
+
+def test_run_to_run_keeps_what_repeats_between_two_runs_of_one_server(long_truth):
+    """Two runs of the same servers: a server whose second run moved repeatably (0.008)
+    shows it as its systematic deviation; one that only re-rounded shows about 0; a server
+    probed in one schedule is summarized without a systematic figure; a server in one
+    record only is left out."""
+    from benchmarks.e2e.run import run_to_run
+
+    first = {"runs": {"stock-eager": _rounded_runs(long_truth, 0.0, 1),
+                      "ours-eager": _rounded_runs(long_truth, 0.0, 2),
+                      "only-here": _rounded_runs(long_truth, 0.0, 3)}}  # fmt: skip
+    second = {"runs": {"stock-eager": _rounded_runs(long_truth, 0.0, 11),
+                       "ours-eager": _rounded_runs(long_truth, 0.008, 12)}}  # fmt: skip
+    second["runs"]["stock-eager"].pop("concurrent")
+    rows = run_to_run(first, second)
+    assert set(rows) == {"stock-eager", "ours-eager"}
+    assert "systematic" not in rows["stock-eager"] and "concurrent" not in rows["stock-eager"]
+    assert rows["stock-eager"]["sequential"]["mean_abs"] == pytest.approx(0.0226, rel=0.1)
+    assert abs(rows["ours-eager"]["systematic"]["rms"] - 0.008) < 0.0025
+    first["runs"]["stock-eager"] = _rounded_runs(long_truth, 0.0, 1)
+    second["runs"]["stock-eager"] = _rounded_runs(long_truth, 0.0, 11)
+    assert abs(run_to_run(first, second)["stock-eager"]["systematic"]["rms"]) < 0.0025
+
+
+def test_rerun_refuses_records_of_another_stack(tmp_path, capsys):
+    from benchmarks.e2e.run import main
+
+    for name, torch_version in (("a.json", "2.14.0+cu130"), ("b.json", "2.11.0+cu130")):
+        rec = {"phase": "correctness", "runs": {}, "servers": {}, "throughput": {},
+               "environment": {"gpu": "NVIDIA H100 80GB HBM3", "torch": torch_version,
+                               "triton": "3.8.0", "vllm": "0.33.0"}}  # fmt: skip
+        (tmp_path / name).write_text(json.dumps(rec))
+    with pytest.raises(SystemExit):
+        main(["rerun", "--records", str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    assert "'torch' is '2.11.0+cu130'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["rerun", "--records", str(tmp_path / "a.json")])
+    assert "the two records" in capsys.readouterr().err

@@ -179,7 +179,8 @@ KERNEL_CONFIGS: dict[str, LaunchConfig] = {
     # at 80 registers and 3 x 48 KB of shared memory, which sm_80 has (164 KB per SM) and
     # sm_86 does not (100 KB). ptxas spills 60-76 B per thread there, which the fit check
     # refuses on both (it ships no spilling kernel), so 3 is a measurement:
-    # `benchmarks/sparse_mla_ab_head_tiles.py --candidate ctas-3` times it. 2 ships.
+    # `benchmarks/sparse_mla_ab_head_tiles.py --candidate ctas-3` times it at 0.52-0.80x
+    # the wide kernel on an H100 (NVIDIA_H100.ab_decode_ctas3.txt). 2 ships.
     "sparse_mla.decode_tilelang": LaunchConfig(
         num_warps=8,
         num_stages=1,

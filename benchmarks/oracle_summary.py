@@ -5,11 +5,11 @@ writes where DEEPINFER_ORACLE_RECORD names a JSON-lines file.
 
 Each figure below is a field of one record (the record's ``case`` names it); nothing is
 computed here but ratios' extremes. Records from the first CPU rehearsal on are left out:
-before the rehearsals stopped recording, they ran last in the GPU tier and appended the
-figures of their CPU stand-ins (their cases are named ``rehearsal`` or repeat an earlier
-case). The tests own the verdicts (ours within 1.5x of
-FlashMLA's error against fp64, DeepGEMM's logits within the per-element bound, bytes
-equal); this only lays the numbers out.
+where a CPU rehearsal of the oracle tests appended to the file, its stand-ins' figures
+follow (cases named ``rehearsal``, then repeats of earlier cases), and they are no
+oracle's. The tests own the verdicts (ours within 1.5x of FlashMLA's error against fp64,
+DeepGEMM's logits within the per-element bound, bytes equal); this only lays the numbers
+out.
 """
 
 from __future__ import annotations

@@ -3,14 +3,12 @@ client and containers (fast; the image tier runs the same against real container
 
 import subprocess
 import sys
-import threading
-from http.server import ThreadingHTTPServer
 
 import docker  # requirements/host.txt pins it: missing, this file fails
 import pytest
 
 from deepinfer_sm80.deploy import cli, container, health
-from tests.deploy.test_health import FakeVllm
+from tests.deploy.test_health import start_fake_vllm
 
 PROJECT, SERVICE = "deepinfer", "deepinfer"
 
@@ -216,9 +214,7 @@ def test_url_without_a_published_port():
 
 @pytest.fixture
 def vllm():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
-    srv.mode, srv.api_key = "ok", None
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = start_fake_vllm()
     yield srv
     srv.shutdown()
     srv.server_close()

@@ -64,12 +64,18 @@ class FakeVllm(BaseHTTPRequestHandler):
         })  # fmt: skip
 
 
-@pytest.fixture
-def server():
+def start_fake_vllm() -> ThreadingHTTPServer:
+    """A running ``FakeVllm`` (mode "ok", no API key, no /health request yet); the caller
+    shuts it down."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), FakeVllm)
     srv.mode, srv.api_key, srv.health_requests = "ok", None, 0
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.fixture
+def server():
+    srv = start_fake_vllm()
     yield srv
     srv.shutdown()
     srv.server_close()

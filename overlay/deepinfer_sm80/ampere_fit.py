@@ -2,8 +2,9 @@
 
 No GPU is needed. Each ``KernelSpec`` names a ``@triton.jit`` kernel, its argument
 types and the constexprs and launch parameters we ship; ``compile_for_ampere`` builds
-it with Triton's ``GPUTarget("cuda", cc, 32)`` and runs the ptxas bundled with Triton
-on the PTX to read registers and spills. ``fit_violations`` turns the reports into
+it through Triton's own launcher for ``GPUTarget("cuda", cc, 32)``
+(``triton_launch_compile``: the cache entry a server's launch looks up) and runs the
+ptxas bundled with Triton on the PTX to read registers and spills. ``fit_violations`` turns the reports into
 human-readable failures: shared memory over 48 KB per CTA, any spill, or a failed
 compile (an ``fp8e4nv`` type, for instance, which Triton rejects below sm_89).
 
@@ -29,7 +30,7 @@ from deepinfer_sm80.arch import (
     arch_limits,
     ptxas_arch,
 )
-from deepinfer_sm80.kernel_spec import FitReport, KernelSpec, resolve_kernel
+from deepinfer_sm80.kernel_spec import FitReport, KernelSpec
 
 # What ``ptxas -v`` prints (read for Triton kernels here and TileLang kernels in
 # ``tilelang_build``).
@@ -39,43 +40,13 @@ PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 def _compile_one(spec: KernelSpec, cc: int) -> FitReport:
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
+
+    from deepinfer_sm80.triton_launch_compile import compile_as_launched
 
     arch = f"sm_{cc}"
     try:
-        fn = resolve_kernel(spec.kernel)
-        names = list(fn.arg_names)
-        unknown = set(spec.signature) | set(spec.constexprs)
-        unknown -= set(names)
-        if unknown:
-            raise ValueError(f"{spec.kernel} has no arguments named {sorted(unknown)}")
-        signature = {}
-        for name in names:
-            if name in spec.constexprs:
-                signature[name] = "constexpr"
-            elif name in spec.signature:
-                signature[name] = spec.signature[name]
-            else:
-                raise ValueError(f"{spec.label}: argument {name!r} missing from the spec")
-        attrs = {}
-        for i, name in enumerate(names):
-            is_ptr = signature[name].startswith("*")
-            if (is_ptr and spec.aligned_pointers) or name in spec.ints_divisible_by_16:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        src = triton.compiler.ASTSource(
-            fn=fn, signature=signature, constexprs=dict(spec.constexprs), attrs=attrs
-        )
-        compiled = triton.compile(
-            src,
-            target=GPUTarget("cuda", cc, 32),
-            options={
-                "num_warps": spec.num_warps,
-                "num_stages": spec.num_stages,
-                **({"maxnreg": spec.maxnreg} if spec.maxnreg else {}),
-            },
-        )
+        compiled = compile_as_launched(spec, cc)
         with tempfile.TemporaryDirectory() as tmp:
             ptx = os.path.join(tmp, "k.ptx")
             with open(ptx, "w") as f:

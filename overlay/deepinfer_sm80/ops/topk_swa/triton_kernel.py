@@ -342,7 +342,8 @@ def ampere_kernel_specs() -> list[KernelSpec]:
                     "topk_ptr": "*i32",
                     "token_to_req_ptr": "*i32",
                     "block_table_ptr": "*i32",
-                    "is_valid_token_ptr": "*i1",
+                    # vLLM's is_valid_token is a bool tensor, which Triton types *u1
+                    "is_valid_token_ptr": "*u1",
                 },
                 constexprs={"WIDTH": 512, "BLOCK_SIZE": block_size, "BLOCK_W": 512},
                 num_warps=glob.num_warps,

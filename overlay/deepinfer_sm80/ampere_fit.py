@@ -4,9 +4,10 @@ No GPU is needed. Each ``KernelSpec`` names a ``@triton.jit`` kernel, its argume
 types and the constexprs and launch parameters we ship; ``compile_for_ampere`` builds
 it through Triton's own launcher for ``GPUTarget("cuda", cc, 32)``
 (``triton_launch_compile``: the cache entry a server's launch looks up) and runs the
-ptxas bundled with Triton on the PTX to read registers and spills. ``fit_violations`` turns the reports into
-human-readable failures: shared memory over 48 KB per CTA, any spill, or a failed
-compile (an ``fp8e4nv`` type, for instance, which Triton rejects below sm_89).
+ptxas bundled with Triton on the PTX to read registers and spills. ``fit_violations``
+turns the reports into human-readable failures: shared memory over 48 KB per CTA, any
+spill, or a failed compile (an ``fp8e4nv`` type, for instance, which Triton rejects
+below sm_89).
 
 Compilation runs in a subprocess with ``TRITON_INTERPRET`` removed: a process that
 runs kernels under the interpreter holds interpreter objects, not compilable ones.

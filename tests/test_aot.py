@@ -8,6 +8,7 @@ import pytest
 from deepinfer_sm80 import aot, tilelang_build
 from deepinfer_sm80.arch import parse_ampere_arches
 from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
+from deepinfer_sm80.triton_launch_compile import build_id
 
 
 def test_parse_arches_accepts_ampere_only():
@@ -36,11 +37,19 @@ def test_tilelang_targets_are_what_its_detector_builds():
     assert tilelang_build.cuda_target(90) == {"kind": "cuda", "arch": "sm_90a"}
 
 
+def write_triton_manifest(folder, **build_changes):
+    """An AOT folder's manifest recording this process's Triton build, changed as given."""
+    folder.mkdir(parents=True, exist_ok=True)
+    build = {**build_id(), **build_changes}
+    (folder / aot.MANIFEST).write_text(json.dumps({"triton_build": build}))
+
+
 def test_seed_copies_missing_entries_and_never_overwrites(tmp_path):
     src = tmp_path / "aot" / aot.TRITON_SUBDIR
     for name in ("aaa", "bbb"):
         (src / name).mkdir(parents=True)
         (src / name / "k.cubin").write_bytes(name.encode())
+    write_triton_manifest(tmp_path / "aot")
     cache = tmp_path / "cache"
     (cache / "bbb").mkdir(parents=True)
     (cache / "bbb" / "k.cubin").write_bytes(b"compiled here")
@@ -50,6 +59,27 @@ def test_seed_copies_missing_entries_and_never_overwrites(tmp_path):
     assert not list(cache.glob(".*seeding"))
     assert aot.seed(tmp_path / "aot", cache) == 0
     assert aot.seed(tmp_path / "absent", cache) == 0
+
+
+def test_seed_refuses_entries_of_another_triton_build(tmp_path, capsys):
+    """Entries compiled by Triton for another Python (another compiled library, so
+    another triton_key) or by a build that recorded none are never found by a launch
+    here: seeding refuses them, naming both builds and the rebuild command, and copies
+    nothing; the CLI says so and exits 2."""
+    src = tmp_path / "aot"
+    (src / aot.TRITON_SUBDIR / "entry").mkdir(parents=True)
+    cache = tmp_path / "cache"
+    write_triton_manifest(src, python="3.99", triton_key_sha256="0" * 64)
+    with pytest.raises(aot.ForeignTritonBuildError, match=r"Python 3\.99 .*Rebuild the folder"):
+        aot.seed(src, cache)
+    assert not cache.exists() or not any(cache.iterdir())
+    (src / aot.MANIFEST).write_text(json.dumps({"arches": ["sm_80"]}))
+    with pytest.raises(aot.ForeignTritonBuildError, match="recorded no triton_build"):
+        aot.seed(src, cache)
+    assert aot.main(["seed", str(src), str(cache)]) == 2
+    assert "recorded no triton_build" in capsys.readouterr().err
+    write_triton_manifest(src)
+    assert aot.seed(src, cache) == 1
 
 
 @pytest.mark.aot
@@ -62,6 +92,7 @@ def test_build_writes_cubins_and_a_manifest(tmp_path, monkeypatch):
     assert manifest["arches"] == ["sm_80"]
     assert [k["label"] for k in manifest["kernels"]] == [spec.label]
     assert manifest["entries"], "no Triton cache entry written"
+    assert manifest["triton_build"] == build_id()
     cubins = list((tmp_path / aot.TRITON_SUBDIR).rglob("*.cubin"))
     assert cubins, "the cache holds no cubin"
     assert json.loads((tmp_path / aot.MANIFEST).read_text()) == manifest

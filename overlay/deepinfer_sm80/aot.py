@@ -16,14 +16,16 @@ writable Triton cache (``seed``) and the mHC and sparse MLA folders into the liv
 cache (``tilelang_build.seed_tilelang_cache``); the kernel warmup then loads them.
 
 What the Triton entries buy, and their limit: Triton looks a kernel up by a hash of its
-source, the target, the launch options and the argument specialization (which integer
-arguments are divisible by 16, which pointers are aligned). An entry is reused only when
-the runtime launch specializes exactly like the AOT spec; any other launch JIT-compiles
-as it would without the cache. Whether the runtime hits these entries shows only on an
-Ampere GPU and is unverified: the manifest lists what was compiled so a user can
-compare it with Triton's cache after a run. TileLang entries are keyed by the kernel's
-TIR, target, backend and pass configs, all pinned in ``tilelang_build``, so a server on
-that architecture finds them.
+source, the target, the launch options, the argument specialization (which integer
+arguments are divisible by 16, which pointers are aligned) and its own build
+(``triton_key()``: Triton's sources and compiled library, which differ between the
+wheels of one Triton version for two Python versions). The build compiles each spec
+through Triton's launcher (``triton_launch_compile``), so an entry is the one a runtime
+launch with the spec's argument properties looks up; any other launch JIT-compiles as it
+would without the cache. The manifest records the Triton build (``triton_build``), and
+``seed`` refuses entries of another build: no launch of this process could find them.
+TileLang entries are keyed by the kernel's TIR, target, backend and pass configs, all
+pinned in ``tilelang_build``, so a server on that architecture finds them.
 
     python -m deepinfer_sm80.aot build /opt/deepinfer/kernels --arches "8.0 8.6"
     python -m deepinfer_sm80.aot seed /opt/deepinfer/kernels ~/.cache/triton
@@ -47,6 +49,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from deepinfer_sm80.arch import HOPPER_PROXY_CC, parse_ampere_arches
+from deepinfer_sm80.triton_launch_compile import build_id
 
 MANIFEST = "manifest.json"
 TRITON_SUBDIR = "triton"
@@ -86,6 +89,8 @@ def build_triton(dest: Path, ccs: list[int]) -> dict:
     manifest = {
         "arches": [f"sm_{cc}" for cc in ccs],
         **_proxy_field(ccs),
+        # the compile subprocess runs this interpreter, so this process's Triton build
+        "triton_build": build_id(),
         "kernels": [asdict(r) for r in reports],
         "entries": sorted(p.name for p in cache.iterdir()),
     }
@@ -150,14 +155,47 @@ def tilelang_aot_dir(aot_dir: str | Path | None, subdir: str) -> Path | None:
     return Path(aot_dir) / subdir if aot_dir else None
 
 
+class ForeignTritonBuildError(ValueError):
+    """An AOT folder's Triton entries come from another Triton build than this process's."""
+
+
+def check_triton_build(src: Path) -> None:
+    """Raise ``ForeignTritonBuildError`` unless ``src``'s Triton entries were compiled by this
+    process's Triton build (version, Python version, ``triton_key()``)."""
+    path = src / MANIFEST
+    try:
+        built = json.loads(path.read_text()).get("triton_build")
+    except (OSError, ValueError) as exc:
+        raise ForeignTritonBuildError(f"{path}: unreadable ({exc}); rebuild the folder") from exc
+    here = build_id()
+    if built != here:
+        raise ForeignTritonBuildError(
+            f"{src}: its Triton entries were compiled by {_describe(built)}, this process "
+            f"runs {_describe(here)}; no launch here would find them. Rebuild the folder "
+            f"with this interpreter: {sys.executable} -m deepinfer_sm80.aot build {src} "
+            "--arches ..."
+        )
+
+
+def _describe(build: dict | None) -> str:
+    if not build:
+        return "a build that recorded no triton_build (an older deepinfer_sm80.aot)"
+    return (
+        f"Triton {build.get('triton')} for Python {build.get('python')} "
+        f"(triton_key sha256 {str(build.get('triton_key_sha256'))[:12]})"
+    )
+
+
 def seed(src: Path, triton_cache: Path) -> int:
     """Copy AOT cache entries missing from ``triton_cache``; returns how many were copied.
 
     Never overwrites: an entry already there was compiled by this Triton on this host.
+    Raises ``ForeignTritonBuildError`` for entries of another Triton build (``check_triton_build``).
     """
     cache = src / TRITON_SUBDIR
     if not cache.is_dir():
         return 0
+    check_triton_build(src)
     triton_cache.mkdir(parents=True, exist_ok=True)
     copied = 0
     for entry in cache.iterdir():
@@ -224,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
                 + (f", {len(entries)} cache entries" if entries is not None else "")
             )
         return 0
-    n = seed(args.src, args.triton_cache or default_triton_cache())
+    try:
+        n = seed(args.src, args.triton_cache or default_triton_cache())
+    except ForeignTritonBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"seeded {n} Triton cache entries from {args.src}")
     return 0
 

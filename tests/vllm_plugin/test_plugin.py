@@ -184,13 +184,16 @@ def test_ledger_prints_without_vllm():
     assert out.stdout.strip().endswith("False") and "kv-gather" in out.stdout
 
 
-def test_aot_seeding_is_optional_and_never_raises(tmp_path):
+def test_aot_seeding_is_optional_and_never_raises(tmp_path, caplog):
+    from deepinfer_sm80.triton_launch_compile import build_id
     from deepinfer_sm80.vllm_plugin.apply import seed_aot_kernels
 
     assert seed_aot_kernels({}) == {}
     src = tmp_path / "kernels" / "triton" / "entry"
     src.mkdir(parents=True)
     (src / "k.cubin").write_bytes(b"x")
+    manifest = tmp_path / "kernels" / "manifest.json"
+    manifest.write_text(json.dumps({"triton_build": build_id()}))
     # TileLang's parts too (aot.py: mhc/tilelang, sparse_mla/tilelang), into its cache
     for part in ("mhc", "sparse_mla"):
         entry = tmp_path / "kernels" / part / "tilelang" / f"{part}-key"
@@ -210,6 +213,17 @@ def test_aot_seeding_is_optional_and_never_raises(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     assert seed_aot_kernels({**env, "TRITON_CACHE_DIR": str(blocked)})["triton"] == 0
+    # Entries of another Triton build are not copied (a warning says why); TileLang's still are
+    manifest.write_text(json.dumps({"triton_build": {**build_id(), "python": "3.99"}}))
+    fresh = {
+        **env,
+        "TRITON_CACHE_DIR": str(tmp_path / "c2"),
+        "TILELANG_CACHE_DIR": str(tmp_path / "t2"),
+    }
+    with caplog.at_level("WARNING", logger="deepinfer_sm80"):
+        assert seed_aot_kernels(fresh) == {"triton": 0, "mhc": 1, "sparse_mla": 1}
+    assert "Python 3.99" in caplog.text and "Rebuild the folder" in caplog.text
+    assert not (tmp_path / "c2" / "entry").exists()
 
 
 def test_activation_seeds_tilelang_before_any_forward_and_records_it(restore_vllm, tmp_path):

@@ -198,7 +198,7 @@ def seed_aot_kernels(env: Mapping[str, str]) -> dict[str, int]:
                 counts[part] = aot.seed(Path(src), cache)
             else:
                 counts[part] = tilelang_build.seed_tilelang_cache(Path(src) / part, cache)
-        except OSError as exc:
+        except (OSError, aot.ForeignTritonBuildError) as exc:
             logger.warning(
                 "deepinfer-sm80: AOT %s kernels in %s not seeded into %s: %s", part, src, cache, exc
             )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import platform
@@ -357,12 +358,13 @@ def phase_correctness(args) -> dict:
 
 def phase_speculative(args) -> dict:
     prompts = load_prompts(args.model, args.max_len)
+    # Both paths start through the user's command, `deepinfer launch` (DSpark K=5, CUDA
+    # graphs, 0.75 of the GPU with vLLM's memory profiling), the plugin forced on or off:
+    # their start times compare the same command.
     specs = [
-        ServerSpec("ours-spec-launch", "ours", args.model, 8000, eager=False, speculative=True,
-                   via_cli=True),
-        ServerSpec("stock-spec", "stock", args.model, 8107, eager=False, speculative=True,
-                   gpu_memory_utilization=args.util),
-    ]  # fmt: skip
+        ServerSpec(name, path, args.model, 8000, eager=False, speculative=True, via_cli=True)
+        for name, path in (("ours-spec-launch", "ours"), ("stock-spec-launch", "stock"))
+    ]
     servers = [Server(s, args.out) for s in specs]
     result: dict = {"phase": "speculative", "environment": environment(), "runs": {}, "health": {}}
     result["servers"] = {}
@@ -375,20 +377,25 @@ def phase_speculative(args) -> dict:
                 emptied = empty_compile_caches()
                 log(f"{s.spec.name}: compile caches emptied ({', '.join(emptied)})")
             result["servers"].update(start_all([s], 0.0))
-            result["servers"][s.spec.name]["cold"] = bool(args.cold_starts)
-            if "ready_s" not in result["servers"][s.spec.name]:
+            state = result["servers"][s.spec.name]
+            state["cold"] = bool(args.cold_starts)
+            if args.cold_starts:
+                state["triton_compiled_at_start"] = triton_compiles(
+                    Path(os.environ["TRITON_CACHE_DIR"]), os.environ.get("DEEPINFER_AOT_DIR")
+                )
+                log(f"{s.spec.name}: Triton compiles at start: {state['triton_compiled_at_start']}")
+            if "ready_s" not in state:
                 continue
-            if s.spec.via_cli:
-                h = subprocess.run(
-                    ["deepinfer", "health", "--ready", "--url", "http://127.0.0.1:8000",
-                     "--served-model-name", s.served_model_name, "--timeout", "120",
-                     "--no-known-answer"],
-                    capture_output=True, text=True, timeout=300,
-                )  # fmt: skip
-                result["health"][s.spec.name] = {
-                    "rc": h.returncode, "stdout": h.stdout[-2000:], "stderr": h.stderr[-2000:]
-                }  # fmt: skip
-                log(f"health --ready: rc {h.returncode} {h.stdout.strip()[-200:]}")
+            h = subprocess.run(
+                ["deepinfer", "health", "--ready", "--url", f"http://127.0.0.1:{s.spec.port}",
+                 "--served-model-name", s.served_model_name, "--timeout", "120",
+                 "--no-known-answer"],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            result["health"][s.spec.name] = {
+                "rc": h.returncode, "stdout": h.stdout[-2000:], "stderr": h.stderr[-2000:]
+            }  # fmt: skip
+            log(f"{s.spec.name}: health --ready: rc {h.returncode} {h.stdout.strip()[-200:]}")
             before = Snapshot.from_text(s.client.get_text("/metrics") or "")
             t0 = time.monotonic()
             run = probes.run_all(
@@ -402,6 +409,25 @@ def phase_speculative(args) -> dict:
         finally:
             s.stop()
     return result
+
+
+def triton_compiles(cache: Path, aot_dir: str | None) -> dict[str, int]:
+    """Kernel name -> entries in the Triton cache ``cache`` that the AOT folder did not
+    bring (its manifest's ``entries``): what the server compiled since the cache was
+    emptied. An entry's kernel is named by its ``__grp__NAME.json`` file."""
+    seeded: set[str] = set()
+    # Without the AOT folder's Triton part every entry was compiled here.
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        if aot_dir:
+            seeded = set(json.loads((Path(aot_dir) / "manifest.json").read_text())["entries"])
+    counts: dict[str, int] = {}
+    for entry in sorted(cache.iterdir()) if cache.is_dir() else []:
+        if not entry.is_dir() or entry.name in seeded:
+            continue
+        groups = [f.name[len("__grp__") : -len(".json")] for f in entry.glob("__grp__*.json")]
+        for name in groups or ["(no kernel: a launcher or utility module)"]:
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 # The compile caches a server fills as it starts (Triton's, TileLang's, vLLM's); the AOT
@@ -522,7 +548,8 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
         spec_eq = {}
         for spec_name, base in (
             ("ours-spec-launch", "ours-graphs"),
-            ("stock-spec", "stock-graphs"),
+            ("stock-spec-launch", "stock-graphs"),
+            ("stock-spec", "stock-graphs"),  # records before stock started by the launcher
         ):
             if spec_name in sruns and base in runs:
                 a = sruns[spec_name]["concurrent"]["prompts"]
@@ -542,10 +569,12 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
                 )
         out["speculative"] = spec_eq
         out["health"] = speculative.get("health")
+        keep = ("ready_s", "cold", "error", "triton_compiled_at_start")
         out["starts"] = {
-            name: {k: v for k, v in state.items() if k in ("ready_s", "cold", "error")}
+            name: {k: v for k, v in state.items() if k in keep}
             for name, state in speculative.get("servers", {}).items()
         }
+        out["cold_start"] = cold_start_comparison(out["starts"])
     out["verdict"] = overall_verdict(out["comparisons"])
     check = out.get("speculative", {}).get("ours-spec-launch greedy check")
     if check is not None and not check["greedy"] and out["verdict"]["result"] != "FAIL":
@@ -557,6 +586,20 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
         }
     out["records"] = correctness.get("merged_from")
     return out
+
+
+def cold_start_comparison(starts: dict) -> dict | None:
+    """Ours against stock from emptied compile caches, both started by ``deepinfer
+    launch``; None unless both did."""
+    ours, stock = starts.get("ours-spec-launch", {}), starts.get("stock-spec-launch", {})
+    if not (ours.get("cold") and stock.get("cold") and "ready_s" in ours and "ready_s" in stock):
+        return None
+    return {
+        "ours_s": ours["ready_s"],
+        "stock_s": stock["ready_s"],
+        "ours_over_stock": ours["ready_s"] / stock["ready_s"],
+        "ours_faster": ours["ready_s"] < stock["ready_s"],
+    }
 
 
 def resolving_power(comparisons: dict) -> str:
@@ -752,6 +795,14 @@ def main(argv: list[str] | None = None) -> int:
             how = "from emptied compile caches" if v.get("cold") else "caches as found"
             ready = f"ready after {v['ready_s']:.0f} s" if "ready_s" in v else "did not start"
             print(f"{name} start ({how}): {ready}")
+            if "triton_compiled_at_start" in v:
+                print(f"  Triton kernels it compiled: {v['triton_compiled_at_start']}")
+        cold = rep.get("cold_start")
+        if cold:
+            print(
+                f"cold start, both by deepinfer launch: ours {cold['ours_s']:.0f} s, stock "
+                f"{cold['stock_s']:.0f} s (ours/stock {cold['ours_over_stock']:.2f})"
+            )
         print(f"resolving power: {rep['verdict']['resolving_power']}")
         print(f"verdict: {rep['verdict']['result']} ({rep['verdict']['why']})")
         return 0 if rep["verdict"]["result"] == "PASS" else 1

@@ -86,13 +86,15 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     assert r.stdout.count("compile caches emptied") == 2
     spec = json.loads((out / "speculative.json").read_text())
     assert all(v["cold"] for v in spec["servers"].values())
-    assert spec["servers"]["ours-spec-launch"]["argv"][:2] == ["deepinfer", "launch"]
-    assert spec["health"]["ours-spec-launch"]["rc"] == 0
+    for name in ("ours-spec-launch", "stock-spec-launch"):  # the same command, both paths
+        assert spec["servers"][name]["argv"][:2] == ["deepinfer", "launch"]
+        assert spec["health"][name]["rc"] == 0
+        assert spec["servers"][name]["triton_compiled_at_start"] == {}
     # One server at a time: the launched server (0.75 of the GPU) is probed and stopped
     # before stock starts.
     events = [ln.split("] ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("[")]
     probed = next(i for i, e in enumerate(events) if e.startswith("ours-spec-launch: probes"))
-    ready = next(i for i, e in enumerate(events) if e.startswith("stock-spec: ready"))
+    ready = next(i for i, e in enumerate(events) if e.startswith("stock-spec-launch: ready"))
     assert probed < ready, events
     r = _run("report", out=out)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -109,7 +111,10 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     assert check["max_margin"] == 0.0
     assert "OUTSIDE" in r.stdout and "WITHIN" in r.stdout
     assert "ours-spec-launch start (from emptied compile caches): ready after" in r.stdout
-    assert set(rep["starts"]) == {"ours-spec-launch", "stock-spec"}
+    assert set(rep["starts"]) == {"ours-spec-launch", "stock-spec-launch"}
+    cold = rep["cold_start"]
+    assert cold["ours_over_stock"] == cold["ours_s"] / cold["stock_s"] > 0
+    assert "cold start, both by deepinfer launch: ours" in r.stdout
     # The compact records alone (what comes back from a GPU machine) give the same report.
     waves = sorted(out.glob("wave-*.npz"))
     assert [w.name for w in waves] == ["wave-controls.npz", "wave-eager.npz", "wave-graphs.npz"]
@@ -364,3 +369,44 @@ def test_cold_starts_refuse_to_empty_caches_they_are_not_given(tmp_path):
     assert r.returncode == 2 and "TRITON_CACHE_DIR" in r.stderr and "must name" in r.stderr
     r = _run("correctness", "--model", model, "--cold-starts", out=tmp_path / "out")
     assert r.returncode == 2 and "speculative phase's option" in r.stderr
+
+
+def test_triton_compiles_counts_what_the_aot_folder_did_not_bring(tmp_path):
+    """After a cold start the Triton cache holds the seeded AOT entries and what the
+    server compiled; only the latter are counted, by kernel name."""
+    cache, aot = tmp_path / "cache", tmp_path / "aot"
+    gather, softmax = "kv_gather_v4_kernel", "_topk_log_softmax_kernel"
+    for entry, kernel in (
+        ("SEEDED1", gather),
+        ("NEW1", gather),
+        ("NEW2", gather),
+        ("NEW3", softmax),
+    ):
+        (cache / entry).mkdir(parents=True)
+        (cache / entry / f"__grp__{kernel}.json").write_text("{}")
+    (cache / "UTIL").mkdir()
+    (cache / "UTIL" / "cuda_utils.so").write_bytes(b"")
+    aot.mkdir()
+    (aot / "manifest.json").write_text(json.dumps({"entries": ["SEEDED1"]}))
+    counted = run.triton_compiles(cache, str(aot))
+    assert counted == {
+        "(no kernel: a launcher or utility module)": 1,
+        "_topk_log_softmax_kernel": 1,
+        "kv_gather_v4_kernel": 2,
+    }
+    assert run.triton_compiles(cache, None)["kv_gather_v4_kernel"] == 3
+    assert run.triton_compiles(tmp_path / "absent", None) == {}
+
+
+def test_cold_start_comparison_needs_both_cold_launches():
+    ours = {"ready_s": 300.0, "cold": True}
+    stock = {"ready_s": 400.0, "cold": True}
+    both = {"ours-spec-launch": ours, "stock-spec-launch": stock}
+    assert run.cold_start_comparison(both) == {
+        "ours_s": 300.0, "stock_s": 400.0, "ours_over_stock": 0.75, "ours_faster": True
+    }  # fmt: skip
+    assert (
+        run.cold_start_comparison({**both, "stock-spec-launch": {**stock, "cold": False}}) is None
+    )
+    assert run.cold_start_comparison({"ours-spec-launch": ours, "stock-spec": stock}) is None
+    assert run.cold_start_comparison({**both, "ours-spec-launch": {"cold": True}}) is None

@@ -380,9 +380,12 @@ def phase_speculative(args) -> dict:
             state = result["servers"][s.spec.name]
             state["cold"] = bool(args.cold_starts)
             if args.cold_starts:
-                state["triton_compiled_at_start"] = triton_compiles(
-                    Path(os.environ["TRITON_CACHE_DIR"]), os.environ.get("DEEPINFER_AOT_DIR")
+                cache, aot = (
+                    Path(os.environ["TRITON_CACHE_DIR"]),
+                    os.environ.get("DEEPINFER_AOT_DIR"),
                 )
+                state["triton_compiled_at_start"] = triton_compiles(cache, aot)
+                state["aot_triton_misses"] = aot_triton_misses(cache, aot)
                 log(f"{s.spec.name}: Triton compiles at start: {state['triton_compiled_at_start']}")
             if "ready_s" not in state:
                 continue
@@ -411,15 +414,28 @@ def phase_speculative(args) -> dict:
     return result
 
 
+def aot_triton_misses(cache: Path, aot_dir: str | None) -> list[dict]:
+    """Our kernels compiled in ``cache`` outside the AOT folder, each with its nearest spec
+    and what that spec would have to say (``deepinfer_sm80.triton_cache_audit``)."""
+    from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
+    from deepinfer_sm80.triton_cache_audit import audit
+
+    return audit(cache, all_ampere_kernel_specs(), _seeded_entries(aot_dir))
+
+
+def _seeded_entries(aot_dir: str | None) -> set[str]:
+    """The Triton entries the AOT folder brings; none without its Triton part (then every
+    entry of the cache was compiled by the server)."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return set(json.loads((Path(aot_dir) / "manifest.json").read_text())["entries"])
+    return set()
+
+
 def triton_compiles(cache: Path, aot_dir: str | None) -> dict[str, int]:
     """Kernel name -> entries in the Triton cache ``cache`` that the AOT folder did not
     bring (its manifest's ``entries``): what the server compiled since the cache was
     emptied. An entry's kernel is named by its ``__grp__NAME.json`` file."""
-    seeded: set[str] = set()
-    # Without the AOT folder's Triton part every entry was compiled here.
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        if aot_dir:
-            seeded = set(json.loads((Path(aot_dir) / "manifest.json").read_text())["entries"])
+    seeded = _seeded_entries(aot_dir)
     counts: dict[str, int] = {}
     for entry in sorted(cache.iterdir()) if cache.is_dir() else []:
         if not entry.is_dir() or entry.name in seeded:
@@ -569,7 +585,7 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
                 )
         out["speculative"] = spec_eq
         out["health"] = speculative.get("health")
-        keep = ("ready_s", "cold", "error", "triton_compiled_at_start")
+        keep = ("ready_s", "cold", "error", "triton_compiled_at_start", "aot_triton_misses")
         out["starts"] = {
             name: {k: v for k, v in state.items() if k in keep}
             for name, state in speculative.get("servers", {}).items()
@@ -797,6 +813,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} start ({how}): {ready}")
             if "triton_compiled_at_start" in v:
                 print(f"  Triton kernels it compiled: {v['triton_compiled_at_start']}")
+            for miss in v.get("aot_triton_misses", []):
+                why = "; ".join(miss["differences"]) or "matches it (the AOT folder lacked it)"
+                print(
+                    f"  ours compiled {miss['kernel']}: nearest spec {miss['nearest_spec']}: {why}"
+                )
         cold = rep.get("cold_start")
         if cold:
             print(

@@ -90,6 +90,7 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
         assert spec["servers"][name]["argv"][:2] == ["deepinfer", "launch"]
         assert spec["health"][name]["rc"] == 0
         assert spec["servers"][name]["triton_compiled_at_start"] == {}
+        assert spec["servers"][name]["aot_triton_misses"] == []
     # One server at a time: the launched server (0.75 of the GPU) is probed and stopped
     # before stock starts.
     events = [ln.split("] ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("[")]

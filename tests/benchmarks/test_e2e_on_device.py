@@ -218,6 +218,31 @@ def test_aot_folder_becomes_every_later_phases_aot_dir(tmp_path):
     assert (out / "correctness.log").read_text() == f"aot_dir={tmp_path}/home/aot\n"
 
 
+def test_aot_build_builds_the_proxy_folder_with_the_stack_here(tmp_path, monkeypatch):
+    """`aot build` runs the AOT command with this machine's python3 (Triton's cache key
+    holds its own build) into the folder later phases use; a failing build exits 1 and
+    shows its log."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(
+        '#!/bin/sh\necho "$@" > "$E2E_HOME/argv"\n'
+        '[ -n "$FAIL" ] && { echo "compile failed"; exit 3; }\n'
+        'mkdir -p "$4" && echo "{}" > "$4/manifest.json"\n'
+    )
+    (fake / "python3").chmod(0o755)
+    home = tmp_path / "home"
+    run = _run(tmp_path, "aot", "build", path_prefix=str(fake))
+    assert run.returncode == 0, run.stderr
+    argv = (home / "argv").read_text().split()
+    assert argv == ["-m", "deepinfer_sm80.aot", "build", f"{home}/aot", "--arches", "9.0",
+                    "--hopper-proxy"]  # fmt: skip
+    assert (home / "aot" / "manifest.json").is_file()
+    assert f"DEEPINFER_AOT_DIR={home}/aot" in run.stdout
+    monkeypatch.setenv("FAIL", "1")
+    run = _run(tmp_path, "aot", "build", path_prefix=str(fake))
+    assert run.returncode == 1 and "compile failed" in run.stdout
+
+
 def test_cold_empties_the_compile_caches_and_keeps_the_aot_folder(tmp_path):
     """`cold` before a phase: its servers find no Triton, TileLang or vLLM cache (the
     paths every phase exports), only the AOT folder the image ships."""

@@ -203,6 +203,37 @@ def test_aot_kernels_are_in_the_image():
     assert sum(k["label"].startswith("sparse_mla.prefill_tl[") for k in mla["kernels"]) == 8
 
 
+def test_the_images_triton_entries_are_what_its_launches_look_up():
+    """In the serving container: its Triton build is the one that compiled the AOT folder
+    (the manifest's triton_build), and every shipped spec launched through Triton's
+    launcher for sm_80 and sm_86 (no GPU: a driver that names the target) finds its entry
+    in a cache seeded from the folder, so nothing compiles."""
+    out = _in_service(
+        "python - <<'PY'\n"
+        "import os, tempfile\n"
+        "from pathlib import Path\n"
+        "cache = tempfile.mkdtemp()\n"
+        "os.environ['TRITON_CACHE_DIR'] = cache\n"
+        "from deepinfer_sm80 import aot\n"
+        "from deepinfer_sm80.ops.registry import all_ampere_kernel_specs\n"
+        "from deepinfer_sm80.triton_launch_compile import compile_as_launched\n"
+        "src = Path(os.environ['DEEPINFER_AOT_DIR'])\n"
+        "aot.check_triton_build(src)\n"
+        "print('seeded', aot.seed(src, Path(cache)))\n"
+        "before = set(os.listdir(cache))\n"
+        "specs = all_ampere_kernel_specs()\n"
+        "for spec in specs:\n"
+        "    for cc in (80, 86):\n"
+        "        compile_as_launched(spec, cc)\n"
+        "print('launched', 2 * len(specs), 'compiled', sorted(set(os.listdir(cache)) - before))\n"
+        "PY"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    seeded = int(out.stdout.split("seeded ")[1].split()[0])
+    assert seeded > 0
+    assert "compiled []" in out.stdout, out.stdout
+
+
 def test_launcher_renders_or_refuses_in_the_image():
     out = _in_service("deepinfer launch tp8 --dry-run")
     assert out.returncode == 0, out.stderr

@@ -24,6 +24,9 @@ through Triton's launcher (``triton_launch_compile``), so an entry is the one a 
 launch with the spec's argument properties looks up; any other launch JIT-compiles as it
 would without the cache. The manifest records the Triton build (``triton_build``), and
 ``seed`` refuses entries of another build: no launch of this process could find them.
+Whether a server's launches specialize as the specs say shows in its Triton cache after a
+run: ``python -m deepinfer_sm80.triton_cache_audit CACHE --aot DEST`` names each of our
+kernels it compiled and the spec change that would cover it.
 TileLang entries are keyed by the kernel's TIR, target, backend and pass configs, all
 pinned in ``tilelang_build``, so a server on that architecture finds them.
 

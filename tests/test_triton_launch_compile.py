@@ -114,3 +114,58 @@ def test_specs_no_launch_can_produce_are_refused():
     assert "pointer type '*i1'" in reports["bool-as-i1"]
     assert "out_stride" in reports["unspecialized-as-divisible"]
     assert "divisible by 16" in reports["unspecialized-as-divisible"]
+
+
+# On a GPU: every shipped spec built for this GPU's capability through the target-only
+# driver, then looked up through the real driver with CUDA tensors and integers of the
+# spec's properties (warmup: found or compiled, never run); prints what compiled again.
+REAL_DRIVER_SCRIPT = r"""
+import json, os
+import torch
+from deepinfer_sm80.kernel_spec import resolve_kernel
+from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
+from deepinfer_sm80.triton_launch_compile import _torch_dtype, compile_as_launched
+
+major, minor = torch.cuda.get_device_capability()
+cc = 10 * major + minor
+cache = os.environ["TRITON_CACHE_DIR"]
+specs = all_ampere_kernel_specs()
+for spec in specs:
+    compile_as_launched(spec, cc)
+built = set(os.listdir(cache))
+again = []
+for spec in specs:
+    fn = resolve_kernel(spec.kernel)
+    args = []
+    for n in fn.arg_names:
+        if n in spec.constexprs:
+            args.append(spec.constexprs[n])
+        elif spec.signature[n].startswith("*"):
+            args.append(torch.empty(64, dtype=_torch_dtype(spec.signature[n]), device="cuda"))
+        elif spec.signature[n] == "fp32":
+            args.append(0.5)
+        elif spec.signature[n] == "i1":
+            args.append(True)
+        else:
+            args.append(4096 if n in spec.ints_divisible_by_16 else 4097)
+    before = set(os.listdir(cache))
+    fn.run(*args, grid=(1,), warmup=True, num_warps=spec.num_warps, num_stages=spec.num_stages,
+           **({"maxnreg": spec.maxnreg} if spec.maxnreg else {}))
+    if set(os.listdir(cache)) - before:
+        again.append(spec.label)
+print(json.dumps({"cc": cc, "specs": len(specs), "built": len(built), "again": again}))
+"""
+
+
+@pytest.mark.gpu
+def test_a_real_driver_finds_the_entries_the_target_only_driver_built(tmp_path):
+    """The target-only driver stands in for a GPU in the AOT build; on a GPU, launches
+    through the real driver find every entry it built: the key is the same."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    run = subprocess.run([sys.executable, "-c", REAL_DRIVER_SCRIPT], capture_output=True,
+                         text=True, env=env, timeout=1200, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["specs"] > 0 and result["built"] > 0
+    assert result["again"] == [], result

@@ -15,7 +15,8 @@ GATHER = "kv_cache.gather[bs=32,gl=0]"
 
 # Without TRITON_INTERPRET: the gather spec's AOT entry for sm_80, then launches as a
 # server makes them (real tensors and integers, through Triton's launcher), each with
-# one change from the spec; prints the entries the build wrote.
+# one change from the spec (a block table stride too, which the kernel does not
+# specialize, so that launch finds the entry); prints the entries the build wrote.
 SCRIPT = r"""
 import json, os, sys
 import torch
@@ -46,7 +47,8 @@ def launch(values=None, **options):
 
 launch()  # as the spec says: found, compiles nothing
 launch({"out_stride0": 5121})
-launch({"block_table_stride": 16384})  # 1M tokens / 64 per block
+launch({"block_table_stride": 16384})  # 1M tokens / 64 a block: not specialized, found
+launch({"page_stride": 5121})
 launch({"out_stride2": 2})
 launch(num_warps=spec.num_warps * 2)
 print(json.dumps(built))
@@ -68,10 +70,10 @@ def test_launches_outside_the_aot_build_are_named_with_their_difference(tmp_path
     assert {f["kernel"] for f in found} == {"kv_gather_v4_kernel"}
     assert {f["nearest_spec"] for f in found} == {GATHER}
     assert sorted(d for f in found for d in f["differences"]) == [
-        "block_table_stride: divisible by 16 in the launch, not in the spec",
         "num_warps/num_stages 4/1 in the launch, 2/1 in the spec",
         "out_stride0: not divisible by 16 in the launch, divisible in the spec",
         "out_stride2: an argument in the launch, a constexpr in the spec",
+        "page_stride: not divisible by 16 in the launch, divisible in the spec",
     ]
     assert all(len(f["differences"]) == 1 for f in found)
     # Without the seeded set, the build's own entry shows as a compile that matches its spec

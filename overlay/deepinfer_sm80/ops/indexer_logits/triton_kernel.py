@@ -78,7 +78,9 @@ def _score_tile(q_t, w, k_bytes, k_scale, ROWS: tl.constexpr, HEADS: tl.constexp
     return per_key * (k_scale * PRODUCT_UNSCALE)[:, None]
 
 
-@triton.jit
+# Sizes that change every step, used only as bounds, are not specialized: one compiled
+# variant serves every step (and the AOT entry every launch), whatever their value.
+@triton.jit(do_not_specialize=["num_rows", "num_keys", "width"])
 def mqa_logits_prefill_kernel(
     q_ptr,
     q_stride_m,
@@ -149,7 +151,10 @@ def mqa_logits_prefill_kernel(
         tl.store(p_out[:, None] + cols[None, :], neg_inf, mask=m_t)
 
 
-@triton.jit
+# Not specialized, as in the prefill kernel: bounds (num_pages, width, which is
+# max_model_len) and the strides of per-request scalars (a lengths stride of 1 would
+# otherwise compile a variant of its own).
+@triton.jit(do_not_specialize=["lens_stride_b", "table_stride_b", "num_pages", "width"])
 def paged_mqa_logits_kernel(
     q_ptr,
     q_stride_b,

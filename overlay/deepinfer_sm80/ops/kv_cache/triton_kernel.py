@@ -31,7 +31,10 @@ from deepinfer_sm80.ops.kv_cache.layout import (
 _GATHER_MAX_PROGRAMS = 8192  # per request; programs loop over further tiles
 
 
-@triton.jit
+# Not specialized (one compiled variant for every value, so the AOT entry covers every
+# launch): the block table is read by gather, and the output row address is aligned by
+# out_stride1 whatever the offset (0 for the compressed rows, the compressed count after).
+@triton.jit(do_not_specialize=["block_table_stride", "offset"])
 def kv_gather_v4_kernel(
     out_ptr,
     out_stride0,

@@ -88,7 +88,9 @@ def combine_topk_swa_kernel(
         tl.store(lens_ptr + i_t, topk_len + swa_len)
 
 
-@triton.jit
+# block_table_stride is not specialized: the table is read by gather, so its divisibility
+# buys nothing, and one variant serves every max_model_len.
+@triton.jit(do_not_specialize=["block_table_stride"])
 def global_topk_slots_kernel(
     slots_ptr,
     slots_stride,

@@ -331,6 +331,11 @@ def ampere_kernel_specs() -> list[KernelSpec]:
                 },
                 num_warps=combine.num_warps,
                 num_stages=combine.num_stages,
+                # The combined rows are round_up(topk + window, 128) wide and contiguous;
+                # vLLM's Top-K rows are 512 wide (SWA-only layers: no Top-K rows to read).
+                ints_divisible_by_16=("combined_stride", "topk_stride")
+                if topk
+                else ("combined_stride",),
             )
         )
     for block_size in (32, 64):
@@ -350,6 +355,8 @@ def ampere_kernel_specs() -> list[KernelSpec]:
                 constexprs={"WIDTH": 512, "BLOCK_SIZE": block_size, "BLOCK_W": 512},
                 num_warps=glob.num_warps,
                 num_stages=glob.num_stages,
+                # slots are allocated here as [tokens, 512]; vLLM's Top-K rows are 512 wide
+                ints_divisible_by_16=("slots_stride", "topk_stride"),
             )
         )
     return specs

@@ -218,7 +218,7 @@ def _mla_metadata_launches() -> dict[str, list[Launch]]:
                     "query_start_loc_ptr": _I32,
                     "seq_lens_ptr": _I32,
                     "token_to_req_indices_ptr": _I32,
-                    "is_valid_token_ptr": "*i1",
+                    "is_valid_token_ptr": "*u1",
                     "block_table_ptr": _I32,
                 },
                 {"TRITON_BLOCK_SIZE": 1024},
@@ -251,7 +251,7 @@ def _mla_metadata_launches() -> dict[str, list[Launch]]:
                     "query_start_loc_ptr": _I32,
                     "seq_lens_ptr": _I32,
                     "token_to_req_indices_ptr": _I32,
-                    "is_valid_token_ptr": "*i1",
+                    "is_valid_token_ptr": "*u1",
                     "block_table_ptr": _I32,
                     "replay_start_ptr": _I32,
                 },
@@ -334,7 +334,7 @@ def _model_launches() -> dict[str, list[Launch]]:
         "kv": "*bf16",
         "q_weight": "*bf16",
         "k_weight": "*bf16",
-        "token_mask": "*i1",
+        "token_mask": "*u1",
         "output": "*bf16",
         "eps": "fp32",
         "clamp_value": "fp32",
@@ -342,7 +342,7 @@ def _model_launches() -> dict[str, list[Launch]]:
     hash_ids = {
         "input_ids": _I32,
         "token_map": _I32,
-        "dead_mask": "*i1",
+        "dead_mask": "*u1",
         "positions": "*i64",
         "block_table": _I32,
         "query_start_loc": _I32,
@@ -351,7 +351,7 @@ def _model_launches() -> dict[str, list[Launch]]:
         "offsets": "*i64",
         "cache": _I32,
         "lookback_token_ids": _I32,
-        "lookback_dead_mask": "*i1",
+        "lookback_dead_mask": "*u1",
         "output": _I32,
     }
     unit_hash = {
@@ -394,7 +394,7 @@ def _model_launches() -> dict[str, list[Launch]]:
                 {
                     "gating_output_ptr": "*fp32",
                     "correction_bias_ptr": "*fp32",
-                    "is_padding_ptr": "*i1",
+                    "is_padding_ptr": "*u1",
                     "topk_weights_ptr": "*fp32",
                     "topk_ids_ptr": _I32,
                     "routed_scaling_factor": "fp32",
@@ -456,7 +456,7 @@ def _model_launches() -> dict[str, list[Launch]]:
                 {
                     "input_ids": _I32,
                     "token_map": _I32,
-                    "dead_mask": "*i1",
+                    "dead_mask": "*u1",
                     "slot_mapping": "*i64",
                     "cache": _I32,
                 },

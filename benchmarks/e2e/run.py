@@ -426,8 +426,10 @@ def aot_triton_misses(cache: Path, aot_dir: str | None) -> list[dict]:
 def _seeded_entries(aot_dir: str | None) -> set[str]:
     """The Triton entries the AOT folder brings; none without its Triton part (then every
     entry of the cache was compiled by the server)."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return set(json.loads((Path(aot_dir) / "manifest.json").read_text())["entries"])
+    from deepinfer_sm80.triton_cache_audit import seeded_entries
+
+    with contextlib.suppress(ValueError):
+        return seeded_entries(Path(aot_dir) if aot_dir else None)
     return set()
 
 

@@ -436,15 +436,16 @@ def _seeded_entries(aot_dir: str | None) -> set[str]:
 def triton_compiles(cache: Path, aot_dir: str | None) -> dict[str, int]:
     """Kernel name -> entries in the Triton cache ``cache`` that the AOT folder did not
     bring (its manifest's ``entries``): what the server compiled since the cache was
-    emptied. An entry's kernel is named by its ``__grp__NAME.json`` file."""
+    emptied."""
+    from deepinfer_sm80.triton_cache_audit import entry_kernel
+
     seeded = _seeded_entries(aot_dir)
     counts: dict[str, int] = {}
     for entry in sorted(cache.iterdir()) if cache.is_dir() else []:
         if not entry.is_dir() or entry.name in seeded:
             continue
-        groups = [f.name[len("__grp__") : -len(".json")] for f in entry.glob("__grp__*.json")]
-        for name in groups or ["(no kernel: a launcher or utility module)"]:
-            counts[name] = counts.get(name, 0) + 1
+        name = entry_kernel(entry) or "(no kernel: a launcher or utility module)"
+        counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items()))
 
 

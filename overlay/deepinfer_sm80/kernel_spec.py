@@ -81,6 +81,15 @@ class KernelSpec:
     maxnreg: int | None = None
     min_ctas_per_sm: int = 1
 
+    def divisible_args(self) -> frozenset[str]:
+        """The arguments a launch of this spec passes divisible by 16: the pointers (when
+        aligned) and ``ints_divisible_by_16``."""
+        return frozenset(
+            n
+            for n, kind in self.signature.items()
+            if (kind.startswith("*") and self.aligned_pointers) or n in self.ints_divisible_by_16
+        )
+
     @classmethod
     def from_jit(
         cls,

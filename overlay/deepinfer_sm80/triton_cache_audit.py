@@ -61,13 +61,19 @@ def _spec_type(kind: str) -> str:
     return star + _UNSIGNED.get(base, base)
 
 
+def entry_kernel(entry: Path) -> str | None:
+    """The kernel a Triton cache entry holds (named by its ``__grp__NAME.json``); None for
+    a launcher or utility module."""
+    groups = list(entry.glob("__grp__*.json"))
+    return groups[0].name[len("__grp__") : -len(".json")] if groups else None
+
+
 def read_entry(entry: Path) -> CompiledLaunch | None:
     """The launch an entry was compiled for; None for an entry without a kernel's IR (a
     launcher or utility module)."""
-    groups = list(entry.glob("__grp__*.json"))
-    if not groups:
+    name = entry_kernel(entry)
+    if name is None:
         return None
-    name = groups[0].name[len("__grp__") : -len(".json")]
     ttir, meta = entry / f"{name}.ttir", entry / f"{name}.json"
     if not ttir.is_file() or not meta.is_file():
         return None
@@ -95,10 +101,7 @@ def differences(spec: KernelSpec, launch: CompiledLaunch) -> list[str]:
     for name in launch.args:
         if name not in spec.signature:
             out.append(f"{name}: an argument in the launch, a constexpr in the spec")
-    divisible = {
-        n for n, kind in spec.signature.items()
-        if (kind.startswith("*") and spec.aligned_pointers) or n in spec.ints_divisible_by_16
-    }  # fmt: skip
+    divisible = spec.divisible_args()
     for name in sorted((launch.divisible - divisible) & set(spec.signature)):
         out.append(f"{name}: divisible by 16 in the launch, not in the spec")
     for name in sorted((divisible - launch.divisible) & set(launch.args)):

@@ -146,18 +146,6 @@ def launch_args(spec: KernelSpec, arg_names: list[str]) -> list[Any]:
     return args
 
 
-def _expected_divisible(spec: KernelSpec, arg_names: list[str]) -> set[str]:
-    return {
-        n
-        for n in arg_names
-        if n not in spec.constexprs
-        and (
-            (spec.signature[n].startswith("*") and spec.aligned_pointers)
-            or n in spec.ints_divisible_by_16
-        )
-    }
-
-
 def compile_as_launched(spec: KernelSpec, cc: int):
     """The ``CompiledKernel`` a launch of ``spec`` on a GPU of capability ``cc`` uses,
     compiled (or found) in ``TRITON_CACHE_DIR`` under the key that launch looks up.
@@ -196,7 +184,7 @@ def _check_specialization(spec: KernelSpec, names: list[str], compiled: dict) ->
         for path, values in attrs.items()
         if ["tt.divisibility", 16] in [list(v) for v in values]
     }
-    expected = _expected_divisible(spec, names)
+    expected = spec.divisible_args()
     if divisible != expected:
         raise ValueError(
             f"{spec.label}: Triton's launcher took {sorted(divisible)} as divisible by 16, "

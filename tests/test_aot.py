@@ -2,6 +2,7 @@
 TileLang warmup that reads it back."""
 
 import json
+import re
 
 import pytest
 
@@ -71,6 +72,19 @@ def test_seed_refuses_entries_of_another_triton_build(tmp_path, capsys):
     cache = tmp_path / "cache"
     write_triton_manifest(src, python="3.99", triton_key_sha256="0" * 64)
     with pytest.raises(aot.ForeignTritonBuildError, match=r"Python 3\.99 .*Rebuild the folder"):
+        aot.seed(src, cache)
+    manifest = json.loads((src / aot.MANIFEST).read_text())
+    manifest.update(arches=["sm_80", "sm_86"])
+    (src / aot.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(
+        aot.ForeignTritonBuildError, match=re.escape(f'build {src} --arches "8.0 8.6"') + "$"
+    ):
+        aot.seed(src, cache)
+    manifest.update(arches=["sm_90"], hopper_proxy=True)
+    (src / aot.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(
+        aot.ForeignTritonBuildError, match=re.escape('--arches "9.0" --hopper-proxy') + "$"
+    ):
         aot.seed(src, cache)
     assert not cache.exists() or not any(cache.iterdir())
     (src / aot.MANIFEST).write_text(json.dumps({"arches": ["sm_80"]}))

@@ -167,17 +167,23 @@ def check_triton_build(src: Path) -> None:
     process's Triton build (version, Python version, ``triton_key()``)."""
     path = src / MANIFEST
     try:
-        built = json.loads(path.read_text()).get("triton_build")
+        manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ForeignTritonBuildError(f"{path}: unreadable ({exc}); rebuild the folder") from exc
-    here = build_id()
+    built, here = manifest.get("triton_build"), build_id()
     if built != here:
         raise ForeignTritonBuildError(
             f"{src}: its Triton entries were compiled by {_describe(built)}, this process "
             f"runs {_describe(here)}; no launch here would find them. Rebuild the folder "
-            f"with this interpreter: {sys.executable} -m deepinfer_sm80.aot build {src} "
-            "--arches ..."
+            f"with this interpreter: {_rebuild_command(src, manifest)}"
         )
+
+
+def _rebuild_command(src: Path, manifest: dict) -> str:
+    """The build command that makes ``src`` again for the arches its manifest lists."""
+    arches = " ".join(f"{a[3]}.{a[4:]}" for a in manifest.get("arches", [])) or "8.0 8.6"
+    proxy = " --hopper-proxy" if manifest.get("hopper_proxy") else ""
+    return f'{sys.executable} -m deepinfer_sm80.aot build {src} --arches "{arches}"{proxy}'
 
 
 def _describe(build: dict | None) -> str:

@@ -399,6 +399,8 @@ def phase_speculative(args) -> dict:
                 "rc": h.returncode, "stdout": h.stdout[-2000:], "stderr": h.stderr[-2000:]
             }  # fmt: skip
             log(f"{s.spec.name}: health --ready: rc {h.returncode} {h.stdout.strip()[-200:]}")
+            if args.starts_only:
+                continue
             before = Snapshot.from_text(s.client.get_text("/metrics") or "")
             t0 = time.monotonic()
             run = probes.run_all(
@@ -731,6 +733,12 @@ def main(argv: list[str] | None = None) -> int:
         "VLLM_CACHE_ROOT) before each server, so both start as on a fresh machine",
     )
     p.add_argument(
+        "--starts-only",
+        action="store_true",
+        help="speculative: start each server and check `deepinfer health --ready`, without "
+        "the probes (a start-time measurement; the probes' checks need a full run)",
+    )
+    p.add_argument(
         "--servers-per-wave",
         type=int,
         default=SERVERS_PER_WAVE,
@@ -742,6 +750,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cold_starts:
         if args.phase != "speculative":
             p.error("--cold-starts: the speculative phase's option")
+    if args.starts_only and args.phase != "speculative":
+        p.error("--starts-only: the speculative phase's option")
         try:
             named_compile_caches()
         except ValueError as exc:

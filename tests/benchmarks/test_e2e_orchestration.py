@@ -116,6 +116,20 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     cold = rep["cold_start"]
     assert cold["ours_over_stock"] == cold["ours_s"] / cold["stock_s"] > 0
     assert "cold start, both by deepinfer launch: ours" in r.stdout
+    # --starts-only: the same two cold starts and health checks, no probes.
+    starts = tmp_path / "starts"
+    r = _run("speculative", *common, "--cold-starts", "--starts-only", out=starts,
+             env_extra={k: str(v) for k, v in caches.items()})  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "probes in" not in r.stdout
+    spec_only = json.loads((starts / "speculative.json").read_text())
+    assert spec_only["runs"] == {}
+    assert all(spec_only["health"][n]["rc"] == 0 for n in spec_only["servers"])
+    r = _run("report", "--records", str(out / "correctness.json"), "--speculative",
+             str(starts / "speculative.json"), out=starts)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cold start, both by deepinfer launch: ours" in r.stdout
+    assert json.loads((starts / "report.json").read_text())["cold_start"]["stock_s"] > 0
     # The compact records alone (what comes back from a GPU machine) give the same report.
     waves = sorted(out.glob("wave-*.npz"))
     assert [w.name for w in waves] == ["wave-controls.npz", "wave-eager.npz", "wave-graphs.npz"]

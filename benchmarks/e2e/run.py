@@ -747,11 +747,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--factor", type=float, default=agreement.DEFAULT_FACTOR)
     args = p.parse_args(argv)
+    if args.starts_only and args.phase != "speculative":
+        p.error("--starts-only: the speculative phase's option")
     if args.cold_starts:
         if args.phase != "speculative":
             p.error("--cold-starts: the speculative phase's option")
-    if args.starts_only and args.phase != "speculative":
-        p.error("--starts-only: the speculative phase's option")
         try:
             named_compile_caches()
         except ValueError as exc:

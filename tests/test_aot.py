@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from deepinfer_sm80 import aot, tilelang_build
+from deepinfer_sm80 import aot, tilelang_build, vllm_mhc_aot
 from deepinfer_sm80.arch import parse_ampere_arches
 from deepinfer_sm80.ops.registry import all_ampere_kernel_specs
 from deepinfer_sm80.triton_launch_compile import build_id
@@ -122,10 +122,10 @@ def test_build_refuses_bad_arguments_before_compiling_anything(tmp_path, capsys)
 
 @pytest.fixture
 def one_kernel_per_part(monkeypatch):
-    """``aot build`` cut to one kernel per part: a Triton spec, an mHC variant and a sparse
-    MLA variant; returns them. TileLang's memory caches are emptied: kernels this process
-    already compiled would be served from them and never reach the new folders (the
-    image build is a fresh process)."""
+    """``aot build`` cut to one kernel per part: a Triton spec, an mHC variant, a sparse
+    MLA variant and a key of vLLM's mHC pre-norm kernel; returns the first three.
+    TileLang's memory caches are emptied: kernels this process already compiled would be
+    served from them and never reach the new folders (the image build is a fresh process)."""
     from tilelang.cache import _dispatch_map
 
     from deepinfer_sm80.ops.mhc.ops import post_variant
@@ -140,6 +140,8 @@ def one_kernel_per_part(monkeypatch):
         "deepinfer_sm80.ops.mhc.warmup.shipped_variants", lambda *a, **k: [mhc_variant]
     )
     monkeypatch.setattr(tilelang_kernels, "shipped_variants", lambda: [mla_variant])
+    first_key = vllm_mhc_aot.shipped_variants(MhcModelConfig(), 64)[:1]
+    monkeypatch.setattr(vllm_mhc_aot, "shipped_variants", lambda *a: first_key)
     for cache in _dispatch_map.values():
         monkeypatch.setattr(cache, "_memory_cache", {})
     tilelang_build.forget_compiled()
@@ -161,7 +163,7 @@ def test_one_command_builds_every_part_where_the_runtime_reads_it(
     dest = tmp_path / "kernels"
     assert aot.main(["build", str(dest), "--arches", "8.0", "--max-num-batched-tokens", "64"]) == 0
     out = capsys.readouterr().out
-    for part in ("triton", "mhc", "sparse_mla"):
+    for part in ("triton", "mhc", "sparse_mla", "vllm_mhc"):
         assert f"{dest}: {part}: 1 kernel builds for sm_80" in out
 
     triton = json.loads((dest / aot.MANIFEST).read_text())
@@ -180,6 +182,13 @@ def test_one_command_builds_every_part_where_the_runtime_reads_it(
         assert any(p.is_file() for p in (folder / tilelang_build.TILELANG_SUBDIR).rglob("*"))
         live = tmp_path / f"live_{sub}"
         assert tilelang_build.seed_tilelang_cache(folder, live) > 0
+    vllm_mhc = aot.tilelang_aot_dir(dest, aot.VLLM_MHC_SUBDIR)
+    manifest = json.loads((vllm_mhc / tilelang_build.MANIFEST).read_text())
+    assert manifest["vllm"] == "0.33.0" and manifest["arches"] == ["sm_80"]
+    assert [k["label"] for k in manifest["kernels"]] == [
+        v.label for v in vllm_mhc_aot.shipped_variants(MhcModelConfig(), 64)
+    ]
+    assert tilelang_build.seed_tilelang_cache(vllm_mhc, tmp_path / "live_vllm_mhc") > 0
     mhc = json.loads((dest / aot.MHC_SUBDIR / tilelang_build.MANIFEST).read_text())
     assert mhc["max_num_batched_tokens"] == 64
     assert mhc["model"]["hidden_size"] == MhcModelConfig().hidden_size
@@ -218,10 +227,11 @@ def test_hopper_proxy_build_is_what_a_hopper_server_loads(
     assert not dest.exists()
     assert aot.main([*argv, "--hopper-proxy"]) == 0
     out = capsys.readouterr().out
-    for part in ("triton", "mhc", "sparse_mla"):
+    for part in ("triton", "mhc", "sparse_mla", "vllm_mhc"):
         assert f"{dest}: {part}: 1 kernel builds for sm_90" in out
     for manifest_path in (dest / aot.MANIFEST, dest / aot.MHC_SUBDIR / tilelang_build.MANIFEST,
-                          dest / aot.SPARSE_MLA_SUBDIR / tilelang_build.MANIFEST):  # fmt: skip
+                          dest / aot.SPARSE_MLA_SUBDIR / tilelang_build.MANIFEST,
+                          dest / aot.VLLM_MHC_SUBDIR / tilelang_build.MANIFEST):  # fmt: skip
         manifest = json.loads(manifest_path.read_text())
         assert manifest["hopper_proxy"] is True and manifest["arches"] == ["sm_90"]
 

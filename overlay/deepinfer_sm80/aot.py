@@ -8,12 +8,16 @@ spills) and fails naming every one that does not fit. The image does this at bui
     DEST/manifest.json, DEST/triton/                the Triton specs (``ops.registry``)
     DEST/mhc/manifest.json, DEST/mhc/tilelang/      the mHC TileLang variants
     DEST/sparse_mla/manifest.json, .../tilelang/    the sparse MLA TileLang variants
+    DEST/vllm_mhc/manifest.json, .../tilelang/      vLLM's mHC pre-norm kernel, for the
+                                                    keys its JIT warmup compiles
+                                                    (``vllm_mhc_aot``)
 
 Each ``tilelang/`` folder is a TileLang cache folder (``tilelang_build.aot_build``). At
 startup the plugin's activation (``vllm_plugin.apply.seed_aot_kernels``, in every vLLM
 process, before vLLM's profiling run launches a kernel) copies ``triton/`` into the
-writable Triton cache (``seed``) and the mHC and sparse MLA folders into the live TileLang
-cache (``tilelang_build.seed_tilelang_cache``); the kernel warmup then loads them.
+writable Triton cache (``seed``) and the TileLang folders into the live TileLang cache
+(``tilelang_build.seed_tilelang_cache``); our kernel warmup and vLLM's JIT warmup then load
+them.
 
 What the Triton entries buy, and their limit: Triton looks a kernel up by a hash of its
 source, the target, the launch options, the argument specialization (which integer
@@ -28,7 +32,8 @@ Whether a server's launches specialize as the specs say shows in its Triton cach
 run: ``python -m deepinfer_sm80.triton_cache_audit CACHE --aot DEST`` names each of our
 kernels it compiled and the spec change that would cover it.
 TileLang entries are keyed by the kernel's TIR, target, backend and pass configs, all
-pinned in ``tilelang_build``, so a server on that architecture finds them.
+pinned in ``tilelang_build`` (for vLLM's kernel, as vLLM sets them on CUDA:
+``vllm_mhc_aot``), so a server on that architecture finds them.
 
     python -m deepinfer_sm80.aot build /opt/deepinfer/kernels --arches "8.0 8.6"
     python -m deepinfer_sm80.aot seed /opt/deepinfer/kernels ~/.cache/triton
@@ -60,6 +65,8 @@ TRITON_SUBDIR = "triton"
 # plugin's kernel warmup.
 MHC_SUBDIR = "mhc"
 SPARSE_MLA_SUBDIR = "sparse_mla"
+# vLLM's own mHC pre-norm kernel (deepinfer_sm80.vllm_mhc_aot), which DeepSeek-V4.1 still runs.
+VLLM_MHC_SUBDIR = "vllm_mhc"
 # The token budget the mHC variants are built for (vLLM's max_num_batched_tokens; every
 # budget from ops.mhc.geometry.TC_MIN_TOKENS up needs the same variants).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -133,6 +140,33 @@ def build_sparse_mla(dest: Path, ccs: list[int], log=print) -> dict:
     return aot_build(dest, shipped_variants(), ccs, "sparse MLA", log, **_proxy_field(ccs))
 
 
+def build_vllm_mhc(
+    dest: Path,
+    ccs: list[int],
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    log=print,
+) -> dict:
+    """vLLM's mHC pre-norm kernel for every key its JIT warmup asks for, into ``dest``."""
+    import vllm
+
+    from deepinfer_sm80 import vllm_mhc_aot
+    from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
+    from deepinfer_sm80.tilelang_build import aot_build
+
+    model = MhcModelConfig()
+    return aot_build(
+        dest,
+        vllm_mhc_aot.shipped_variants(model, max_num_batched_tokens),
+        ccs,
+        "vLLM mHC",
+        log,
+        vllm=vllm.__version__,
+        max_num_batched_tokens=max_num_batched_tokens,
+        model=asdict(model),
+        **_proxy_field(ccs),
+    )
+
+
 def build(
     dest: Path,
     ccs: list[int],
@@ -149,6 +183,7 @@ def build(
         "triton": build_triton(dest, ccs),
         "mhc": build_mhc(dest / MHC_SUBDIR, ccs, max_num_batched_tokens, log),
         "sparse_mla": build_sparse_mla(dest / SPARSE_MLA_SUBDIR, ccs, log),
+        "vllm_mhc": build_vllm_mhc(dest / VLLM_MHC_SUBDIR, ccs, max_num_batched_tokens, log),
     }
 
 

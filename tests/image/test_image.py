@@ -201,6 +201,13 @@ def test_aot_kernels_are_in_the_image():
     ]
     assert len(throughput) == 4
     assert sum(k["label"].startswith("sparse_mla.prefill_tl[") for k in mla["kernels"]) == 8
+    # vLLM's mHC pre-norm kernel, the 7 keys its warmup compiles on Ampere, x 2 arches
+    out = _in_service("cat $DEEPINFER_AOT_DIR/vllm_mhc/manifest.json")
+    assert out.returncode == 0, out.stderr
+    vllm_mhc = json.loads(out.stdout)
+    assert vllm_mhc["arches"] == ["sm_80", "sm_86"] and vllm_mhc["vllm"] == "0.33.0"
+    assert len(vllm_mhc["kernels"]) == 14
+    assert all(k["error"] is None for k in vllm_mhc["kernels"])
 
 
 def test_the_images_triton_entries_are_what_its_launches_look_up():

@@ -194,8 +194,8 @@ def test_aot_seeding_is_optional_and_never_raises(tmp_path, caplog):
     (src / "k.cubin").write_bytes(b"x")
     manifest = tmp_path / "kernels" / "manifest.json"
     manifest.write_text(json.dumps({"triton_build": build_id()}))
-    # TileLang's parts too (aot.py: mhc/tilelang, sparse_mla/tilelang), into its cache
-    for part in ("mhc", "sparse_mla"):
+    # TileLang's parts too (aot.py: mhc/, sparse_mla/, vllm_mhc/ tilelang), into its cache
+    for part in ("mhc", "sparse_mla", "vllm_mhc"):
         entry = tmp_path / "kernels" / part / "tilelang" / f"{part}-key"
         entry.mkdir(parents=True)
         (entry / "kernel.cubin").write_bytes(b"y")
@@ -205,11 +205,13 @@ def test_aot_seeding_is_optional_and_never_raises(tmp_path, caplog):
         "TRITON_CACHE_DIR": str(cache),
         "TILELANG_CACHE_DIR": str(tl_cache),
     }
-    assert seed_aot_kernels(env) == {"triton": 1, "mhc": 1, "sparse_mla": 1}
+    assert seed_aot_kernels(env) == {"triton": 1, "mhc": 1, "sparse_mla": 1, "vllm_mhc": 1}
     assert (cache / "entry" / "k.cubin").exists()
     assert (tl_cache / "mhc-key" / "kernel.cubin").read_bytes() == b"y"
     assert (tl_cache / "sparse_mla-key" / "kernel.cubin").exists()
-    assert seed_aot_kernels(env) == {"triton": 0, "mhc": 0, "sparse_mla": 0}  # never twice
+    assert (tl_cache / "vllm_mhc-key" / "kernel.cubin").exists()
+    never_twice = {"triton": 0, "mhc": 0, "sparse_mla": 0, "vllm_mhc": 0}
+    assert seed_aot_kernels(env) == never_twice
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     assert seed_aot_kernels({**env, "TRITON_CACHE_DIR": str(blocked)})["triton"] == 0
@@ -221,7 +223,7 @@ def test_aot_seeding_is_optional_and_never_raises(tmp_path, caplog):
         "TILELANG_CACHE_DIR": str(tmp_path / "t2"),
     }
     with caplog.at_level("WARNING", logger="deepinfer_sm80"):
-        assert seed_aot_kernels(fresh) == {"triton": 0, "mhc": 1, "sparse_mla": 1}
+        assert seed_aot_kernels(fresh) == {"triton": 0, "mhc": 1, "sparse_mla": 1, "vllm_mhc": 1}
     assert "Python 3.99" in caplog.text and "Rebuild the folder" in caplog.text
     assert not (tmp_path / "c2" / "entry").exists()
 
@@ -243,7 +245,7 @@ def test_activation_seeds_tilelang_before_any_forward_and_records_it(restore_vll
     assert (tmp_path / "tl-cache" / "key" / "kernel.cubin").exists()
     assert status["aot_seeded"]["sparse_mla"] == 1
     written = json.loads((tmp_path / "run" / "plugin-status.json").read_text())
-    assert written["aot_seeded"] == {"triton": 0, "mhc": 0, "sparse_mla": 1}
+    assert written["aot_seeded"] == {"triton": 0, "mhc": 0, "sparse_mla": 1, "vllm_mhc": 0}
 
 
 def test_kernel_level_entry_goes_through_register_kernels(tmp_path):

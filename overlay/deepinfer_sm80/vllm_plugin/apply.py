@@ -171,7 +171,8 @@ def activate(env: Mapping[str, str], capabilities: list[tuple[int, int]] | None 
 
 def seed_aot_kernels(env: Mapping[str, str]) -> dict[str, int]:
     """Copy the image's ahead-of-time kernels (see aot.py) into the writable caches:
-    Triton's, and TileLang's for the mHC and sparse-MLA kernels. Returns the files or
+    Triton's, and TileLang's for the mHC and sparse-MLA kernels and vLLM's mHC pre-norm
+    kernel (which vLLM's JIT warmup compiles before the server is ready). Returns the files or
     entries copied per part (``{}`` without an AOT folder).
 
     This runs at activation, before vLLM's profiling run and its first CUDA-graph capture
@@ -190,6 +191,7 @@ def seed_aot_kernels(env: Mapping[str, str]) -> dict[str, int]:
         aot.TRITON_SUBDIR: Path(env.get("TRITON_CACHE_DIR") or aot.default_triton_cache()),
         aot.MHC_SUBDIR: tilelang_build.tilelang_cache_dir(env),
         aot.SPARSE_MLA_SUBDIR: tilelang_build.tilelang_cache_dir(env),
+        aot.VLLM_MHC_SUBDIR: tilelang_build.tilelang_cache_dir(env),
     }
     counts = {}
     for part, cache in caches.items():

@@ -364,6 +364,7 @@ def phase_speculative(args) -> dict:
     specs = [
         ServerSpec(name, path, args.model, 8000, eager=False, speculative=True, via_cli=True)
         for name, path in (("ours-spec-launch", "ours"), ("stock-spec-launch", "stock"))
+        if args.only in (None, path)
     ]
     servers = [Server(s, args.out) for s in specs]
     result: dict = {"phase": "speculative", "environment": environment(), "runs": {}, "health": {}}
@@ -739,6 +740,11 @@ def main(argv: list[str] | None = None) -> int:
         "the probes (a start-time measurement; the probes' checks need a full run)",
     )
     p.add_argument(
+        "--only",
+        choices=["ours", "stock"],
+        help="speculative: start this path alone (no start-time comparison then)",
+    )
+    p.add_argument(
         "--servers-per-wave",
         type=int,
         default=SERVERS_PER_WAVE,
@@ -747,8 +753,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--factor", type=float, default=agreement.DEFAULT_FACTOR)
     args = p.parse_args(argv)
-    if args.starts_only and args.phase != "speculative":
-        p.error("--starts-only: the speculative phase's option")
+    for given, flag in ((args.starts_only, "--starts-only"), (args.only, "--only")):
+        if given and args.phase != "speculative":
+            p.error(f"{flag}: the speculative phase's option")
     if args.cold_starts:
         if args.phase != "speculative":
             p.error("--cold-starts: the speculative phase's option")

@@ -2,6 +2,7 @@
 keys its JIT warmup compiles, is what vLLM's warmup loads on a server of that architecture."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -97,3 +98,68 @@ def test_vllms_warmup_loads_the_built_keys_and_compiles_any_other(tmp_path, monk
     with pytest.raises(AssertionError, match="compiled instead of loaded"):
         MHC_PRE_NORM_KERNEL.compile(not_built.key)
     assert dataclasses.asdict(not_built.key)["use_pre_mix_in"] is True
+
+
+GPU_SCRIPT = r"""
+import json, os, sys
+from pathlib import Path
+
+import torch
+from tilelang.cache import _dispatch_map
+from tilelang.jit.kernel import JITKernel
+from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
+
+from deepinfer_sm80 import aot, tilelang_build, vllm_mhc_aot
+from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
+
+major, minor = torch.cuda.get_device_capability()
+cc = 10 * major + minor
+dest, live = Path(sys.argv[1]), Path(sys.argv[2])
+variants = vllm_mhc_aot.shipped_variants(MhcModelConfig(), 8192)
+# The broadcast embedding's key and the full stream's with pre-mix and aux, of this GPU's keys.
+built = [variants[0], variants[-1]]
+vllm_mhc_aot.shipped_variants = lambda *a: built
+aot.build_vllm_mhc(dest, [cc], 8192, log=lambda *a: None)
+seeded = tilelang_build.seed_tilelang_cache(dest, live)
+os.environ["TILELANG_CACHE_DIR"] = str(live)
+for cache in _dispatch_map.values():
+    cache._memory_cache = {}
+compiled = []
+compile_and_create = JITKernel._compile_and_create_adapter
+
+
+def counting(self, *args, **kwargs):
+    compiled.append(1)
+    return compile_and_create(self, *args, **kwargs)
+
+
+JITKernel._compile_and_create_adapter = counting
+MHC_PRE_NORM_KERNEL.compile_many([v.key for v in built])  # vLLM's warmup call, its own kernel
+loaded = len(compiled)
+MHC_PRE_NORM_KERNEL.compile(variants[1].key)  # not built: compiles
+print(json.dumps({
+    "cc": cc, "labels": [v.label for v in variants], "seeded": seeded,
+    "compiled_of_built": loaded, "compiled_of_not_built": len(compiled) - loaded,
+    "pass_configs_equal": dict(MHC_PRE_NORM_KERNEL.kernel.pass_configs)
+    == vllm_mhc_aot.cuda_pass_configs(),
+}))
+"""
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_vllms_own_kernel_loads_the_build(tmp_path):
+    """On a GPU, vLLM's own decorated kernel (not ``server_kernel``'s) and its warmup call
+    load two keys built for this GPU and compile a third that was not built."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = [str(tmp_path / "vllm_mhc"), str(tmp_path / "live")]
+    run = subprocess.run([sys.executable, "-c", GPU_SCRIPT, *args], capture_output=True,
+                         text=True, env=env, timeout=900, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    print(result)
+    assert result["pass_configs_equal"] and result["seeded"] > 0
+    assert result["compiled_of_built"] == 0 and result["compiled_of_not_built"] == 1, result

@@ -241,6 +241,46 @@ def test_the_images_triton_entries_are_what_its_launches_look_up():
     assert "compiled []" in out.stdout, out.stdout
 
 
+def test_the_images_vllm_mhc_builds_are_what_vllms_warmup_loads():
+    """In the serving container: with the TileLang cache seeded from the folder and
+    TileLang's detector reporting sm_80, then sm_86, vLLM's own warmup call
+    (``MHC_PRE_NORM_KERNEL.compile_many``) over every key its warmup asks for on Ampere
+    compiles nothing. (No GPU: the kernel is decorated as on CUDA, ``vllm_mhc_aot``.)"""
+    out = _in_service(
+        "python - <<'PY'\n"
+        "import os, tempfile\n"
+        "from pathlib import Path\n"
+        "cache = tempfile.mkdtemp()\n"
+        "os.environ['TILELANG_CACHE_DIR'] = cache\n"
+        "import tilelang.cuda.target as cuda_target\n"
+        "from tilelang.cache import _dispatch_map\n"
+        "from tilelang.jit.kernel import JITKernel\n"
+        "from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL as kernel\n"
+        "from deepinfer_sm80 import aot, tilelang_build, vllm_mhc_aot\n"
+        "from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig\n"
+        "src = aot.tilelang_aot_dir(os.environ['DEEPINFER_AOT_DIR'], aot.VLLM_MHC_SUBDIR)\n"
+        "print('seeded', tilelang_build.seed_tilelang_cache(src, cache))\n"
+        "compiled = []\n"
+        "JITKernel._compile_and_create_adapter = lambda self, *a, **k: compiled.append(1)\n"
+        "cuda_target.check_cuda_availability = lambda: True\n"
+        "kernel.kernel = vllm_mhc_aot.server_kernel()\n"
+        "keys = vllm_mhc_aot.warmup_keys(MhcModelConfig(), 8192)\n"
+        "for arch in ('sm_80', 'sm_86'):\n"
+        "    cuda_target._detect_torch_cuda_arch = lambda: arch\n"
+        "    for c in _dispatch_map.values():\n"
+        "        c._memory_cache = {}\n"
+        "    kernel._compiled_cache = {}\n"
+        "    kernel.compile_many(keys)\n"
+        "    loaded = len(kernel._compiled_cache)\n"
+        "    print(arch, 'keys', len(keys), 'loaded', loaded, 'compiled', len(compiled))\n"
+        "PY"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert int(out.stdout.split("seeded ")[1].split()[0]) > 0
+    for arch in ("sm_80", "sm_86"):
+        assert f"{arch} keys 7 loaded 7 compiled 0" in out.stdout, out.stdout
+
+
 def test_launcher_renders_or_refuses_in_the_image():
     out = _in_service("deepinfer launch tp8 --dry-run")
     assert out.returncode == 0, out.stderr

@@ -117,7 +117,9 @@ def test_build_refuses_bad_arguments_before_compiling_anything(tmp_path, capsys)
     assert "--arches: '9.0' is not an Ampere compute capability" in capsys.readouterr().err
     assert aot.main(["build", str(tmp_path / "b"), "--max-num-batched-tokens", "0"]) == 2
     assert "--max-num-batched-tokens: expected >= 1, got 0" in capsys.readouterr().err
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert aot.main(["build", str(tmp_path / "c"), "--jobs", "0"]) == 2
+    assert "--jobs: expected >= 1, got 0" in capsys.readouterr().err
+    assert not any((tmp_path / d).exists() for d in "abc")
 
 
 @pytest.fixture
@@ -193,6 +195,41 @@ def test_one_command_builds_every_part_where_the_runtime_reads_it(
     assert mhc["max_num_batched_tokens"] == 64
     assert mhc["model"]["hidden_size"] == MhcModelConfig().hidden_size
     assert aot.tilelang_aot_dir(None, aot.MHC_SUBDIR) is None
+
+
+@pytest.mark.aot
+def test_parts_built_in_parallel_are_the_ones_built_in_turn(
+    tmp_path, one_kernel_per_part, monkeypatch, capsys
+):
+    """``--jobs 4``: the four parts in forked processes give the same folders and manifests
+    (compile times aside) as one after the other; a part that fails still fails the build,
+    once the others have ended."""
+
+    def manifests(dest):
+        found = {}
+        for path in sorted(dest.rglob(aot.MANIFEST)):
+            manifest = json.loads(path.read_text())
+            for row in manifest.get("kernels", []):
+                row.pop("compile_seconds", None)
+            found[str(path.relative_to(dest))] = manifest
+        return found
+
+    assert aot.main(["build", str(tmp_path / "turn"), "--arches", "8.0"]) == 0
+    assert aot.main(["build", str(tmp_path / "jobs"), "--arches", "8.0", "--jobs", "4"]) == 0
+    out = capsys.readouterr().out
+    for part in aot.PARTS:
+        assert f"{tmp_path / 'jobs'}: {part}: 1 kernel builds for sm_80" in out
+    in_turn, in_parallel = manifests(tmp_path / "turn"), manifests(tmp_path / "jobs")
+    assert len(in_parallel) == len(aot.PARTS) and in_parallel == in_turn
+
+    def no_fit(*args, **kwargs):
+        raise RuntimeError("sparse MLA AOT kernels do not fit Ampere: (stand-in)")
+
+    monkeypatch.setattr(aot, "build_sparse_mla", no_fit)
+    dest = tmp_path / "failing"
+    assert aot.main(["build", str(dest), "--arches", "8.0", "--jobs", "4"]) == 2
+    assert "(stand-in)" in capsys.readouterr().err
+    assert (dest / aot.VLLM_MHC_SUBDIR / tilelang_build.MANIFEST).is_file()
 
 
 def test_warm_seeds_only_from_an_aot_folder_that_exists(tmp_path, monkeypatch):

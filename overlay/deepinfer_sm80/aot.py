@@ -50,9 +50,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -167,24 +169,59 @@ def build_vllm_mhc(
     )
 
 
+PARTS = ("triton", "mhc", "sparse_mla", "vllm_mhc")
+
+
+def build_part(part: str, dest: Path, ccs: list[int], max_num_batched_tokens: int, log=print):
+    """One part of ``build`` into its place inside ``dest``; returns its manifest."""
+    if part == "triton":
+        return build_triton(dest, ccs)
+    if part == "mhc":
+        return build_mhc(dest / MHC_SUBDIR, ccs, max_num_batched_tokens, log)
+    if part == "sparse_mla":
+        return build_sparse_mla(dest / SPARSE_MLA_SUBDIR, ccs, log)
+    if part == "vllm_mhc":
+        return build_vllm_mhc(dest / VLLM_MHC_SUBDIR, ccs, max_num_batched_tokens, log)
+    raise ValueError(f"unknown AOT part {part!r}; expected one of {PARTS}")
+
+
 def build(
     dest: Path,
     ccs: list[int],
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     log=print,
+    jobs: int = 1,
 ) -> dict[str, dict]:
     """Every shipped kernel for ``ccs`` into ``dest`` (layout in the module docstring):
-    the Triton specs, then the mHC and sparse MLA TileLang variants. Returns each part's
-    manifest; raises at the first part with a kernel that does not fit Ampere."""
+    the Triton specs, the mHC and sparse MLA TileLang variants, vLLM's mHC pre-norm keys.
+    Returns each part's manifest; raises at the first part with a kernel that does not fit
+    Ampere. With ``jobs`` > 1 the parts build in that many forked processes at once (each
+    part writes only its own files; their logs go to stdout), and the first failing part
+    in ``PARTS`` order raises once all have ended."""
     if max_num_batched_tokens < 1:
         raise ValueError(f"--max-num-batched-tokens: expected >= 1, got {max_num_batched_tokens}")
+    if jobs < 1:
+        raise ValueError(f"--jobs: expected >= 1, got {jobs}")
     dest = Path(dest)
-    return {
-        "triton": build_triton(dest, ccs),
-        "mhc": build_mhc(dest / MHC_SUBDIR, ccs, max_num_batched_tokens, log),
-        "sparse_mla": build_sparse_mla(dest / SPARSE_MLA_SUBDIR, ccs, log),
-        "vllm_mhc": build_vllm_mhc(dest / VLLM_MHC_SUBDIR, ccs, max_num_batched_tokens, log),
-    }
+    if jobs == 1:
+        return {part: build_part(part, dest, ccs, max_num_batched_tokens, log) for part in PARTS}
+    # Fork, not spawn: nothing here has touched a GPU yet, and the children see this
+    # process's state as it is (a test's cut-down kernel lists included).
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(min(jobs, len(PARTS)), mp_context=context) as pool:
+        futures = {
+            part: pool.submit(build_part, part, dest, ccs, max_num_batched_tokens) for part in PARTS
+        }
+        outcomes = {}
+        for part, future in futures.items():
+            try:
+                outcomes[part] = future.result()
+            except Exception as exc:  # noqa: BLE001 -- raised below, after every part ended
+                outcomes[part] = exc
+    for outcome in outcomes.values():
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes
 
 
 def tilelang_aot_dir(aot_dir: str | Path | None, subdir: str) -> Path | None:
@@ -284,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
         help="the token budget the mHC variants are built for (default %(default)s)",
     )
+    b.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help=f"build the {len(PARTS)} parts in up to this many processes at once "
+        "(default %(default)s)",
+    )
     s = sub.add_parser("seed", help="copy AOT entries from SRC into a Triton cache")
     s.add_argument("src", type=Path)
     s.add_argument("triton_cache", type=Path, nargs="?", default=None)
@@ -294,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.dest,
                 parse_ampere_arches(args.arches, args.hopper_proxy),
                 args.max_num_batched_tokens,
+                jobs=args.jobs,
             )
         except (ValueError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -235,7 +235,7 @@ def test_aot_build_builds_the_proxy_folder_with_the_stack_here(tmp_path, monkeyp
     assert run.returncode == 0, run.stderr
     argv = (home / "argv").read_text().split()
     assert argv == ["-m", "deepinfer_sm80.aot", "build", f"{home}/aot", "--arches", "9.0",
-                    "--hopper-proxy"]  # fmt: skip
+                    "--hopper-proxy", "--jobs", "4"]  # fmt: skip
     assert (home / "aot" / "manifest.json").is_file()
     assert f"DEEPINFER_AOT_DIR={home}/aot" in run.stdout
     monkeypatch.setenv("FAIL", "1")

@@ -95,8 +95,8 @@ REGISTRY: tuple[Var, ...] = (
         hint=" (latency: several splits per token, for small batches; throughput: one split "
         "per token, for large batches); a server sets it from its topology's decode_splits"),
     Var("DEEPINFER_AOT_DIR", "path", None, (PLUGIN, IMAGE),
-        "ahead-of-time Triton, mHC and sparse MLA kernels to seed the caches from "
-        "(`/opt/deepinfer/kernels` in the image)"),
+        "ahead-of-time Triton, mHC and sparse MLA kernels and vLLM's mHC pre-norm kernel to "
+        "seed the caches from (`/opt/deepinfer/kernels` in the image)"),
     Var("DEEPINFER_PUBLISHED_HOST", "str", None, (DEPLOY,),
         "the host address `deepinfer launch`'s port is published on (compose.yaml passes "
         "`BIND_ADDRESS`); beyond loopback a key is required. Unset: the listen address "

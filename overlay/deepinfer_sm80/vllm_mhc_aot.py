@@ -28,6 +28,7 @@ on a build machine without a GPU:
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -128,7 +129,7 @@ class VllmMhcPreNormVariant:
         extents = [int(n) for n in _THREAD_BINDING.findall(self.build().script())]
         if not extents:
             raise ValueError(f"{self.label}: no threadIdx binding in its TIR")
-        return functools.reduce(lambda a, b: a * b, extents, 1)
+        return math.prod(extents)
 
 
 def shipped_variants(model: MhcModelConfig, max_num_batched_tokens: int):

@@ -23,7 +23,7 @@ def _token_id(key: str) -> int:
     return int(key[len(prefix) :])
 
 
-def _post(client: Client, body: dict, attempts: int = 3) -> dict:
+def post_completion(client: Client, body: dict, attempts: int = 3) -> dict:
     """POST /v1/completions; a dropped connection is retried (the request is idempotent:
     greedy and teacher-forced), an HTTP error is not."""
     for attempt in range(attempts):
@@ -46,7 +46,7 @@ def teacher_forced(client: Client, model: str, ids: list[int]) -> dict:
         "temperature": 0.0,
         "return_tokens_as_token_ids": True,
     }
-    resp = _post(client, body)
+    resp = post_completion(client, body)
     lp = resp["choices"][0]["logprobs"]
     n = len(ids)
     values = lp["token_logprobs"][:n]
@@ -75,7 +75,7 @@ def greedy(
         "logprobs": 0,
         "return_tokens_as_token_ids": True,
     }
-    resp = _post(client, body)
+    resp = post_completion(client, body)
     tokens = [_token_id(t) for t in resp["choices"][0]["logprobs"]["tokens"]]
     if len(tokens) != max_tokens:
         raise ValueError(f"asked for {max_tokens} greedy tokens, got {len(tokens)}")
@@ -100,7 +100,7 @@ def greedy_margins(
         "temperature": 0.0,
         "return_tokens_as_token_ids": True,
     }
-    lp = _post(client, body)["choices"][0]["logprobs"]
+    lp = post_completion(client, body)["choices"][0]["logprobs"]
     if [_token_id(t) for t in lp["tokens"][: len(full)]] != full:
         raise ValueError("the server echoed other token ids than it was sent")
     margins = []

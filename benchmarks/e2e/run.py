@@ -57,7 +57,7 @@ class Control:
     layer: int
     rel: float
     checkpoint: str  # folder name beside the base checkpoint
-    port: int
+    port_offset: int  # its server's port is --port-base plus this
 
     @property
     def key(self) -> str:
@@ -78,10 +78,10 @@ class Control:
 # backbone layer: no later layer damps its change (the residual branches are scaled
 # 1/sqrt(2 x 40), smoke_model/plan.py).
 CONTROLS = (
-    Control("L24 1%", 24, 0.01, "smoke-perturbed", 8103),
-    Control("L39 1%", 39, 0.01, "smoke-perturbed-L39-1pct", 8108),
-    Control("L24 10%", 24, 0.10, "smoke-perturbed-L24-10pct", 8109),
-    Control("L24 50%", 24, 0.50, "smoke-perturbed-L24-50pct", 8110),
+    Control("L24 1%", 24, 0.01, "smoke-perturbed", 3),
+    Control("L39 1%", 39, 0.01, "smoke-perturbed-L39-1pct", 8),
+    Control("L24 10%", 24, 0.10, "smoke-perturbed-L24-10pct", 9),
+    Control("L24 50%", 24, 0.50, "smoke-perturbed-L24-50pct", 10),
 )
 
 
@@ -123,9 +123,15 @@ def environment() -> dict:
 
 def start_all(servers: list[Server], stagger_s: float) -> dict[str, dict]:
     """Start every server, wait for each; a server that fails is recorded, not fatal."""
-    state = {}
+    state, started = {}, []
     for s in servers:
-        s.start()
+        try:
+            s.start()
+        except RuntimeError as exc:  # its port is taken
+            state[s.spec.name] = {"error": str(exc), "argv": None}
+            log(f"{s.spec.name}: FAILED: {exc}")
+            continue
+        started.append(s)
         time.sleep(stagger_s)  # vLLM reads the free GPU memory as it starts
 
     def wait(s: Server) -> None:
@@ -137,8 +143,8 @@ def start_all(servers: list[Server], stagger_s: float) -> dict[str, dict]:
             state[s.spec.name] = {"error": str(exc), "argv": getattr(s, "argv", None)}
             log(f"{s.spec.name}: FAILED: {exc}")
 
-    with cf.ThreadPoolExecutor(len(servers)) as pool:
-        list(pool.map(wait, servers))
+    with cf.ThreadPoolExecutor(len(started) or 1) as pool:
+        list(pool.map(wait, started))
     return state
 
 
@@ -239,21 +245,22 @@ def named_correctness_waves(args) -> list[tuple[str, list[tuple[ServerSpec, tupl
     greedy records do not depend on which wave they ran in. Only the waves named
     in ``args.waves``; the controls need the eager wave (nothing to compare them with
     otherwise)."""
-    m, same = args.model, {"gpu_memory_utilization": args.util}
+    m, same, base = args.model, {"gpu_memory_utilization": args.util}, args.port_base
     controls = [
-        (ServerSpec(c.server, "stock", str(args.controls_dir / c.checkpoint), c.port, **same),
+        (ServerSpec(c.server, "stock", str(args.controls_dir / c.checkpoint),
+                    base + c.port_offset, **same),
          BOTH)
         for c in selected_controls(args)
         if "eager" in args.waves
     ]  # fmt: skip
     eager = [
-        (ServerSpec("stock-eager", "stock", m, 8101, **same), BOTH),
-        (ServerSpec("ours-eager", "ours", m, 8102, **same), BOTH),
+        (ServerSpec("stock-eager", "stock", m, base + 1, **same), BOTH),
+        (ServerSpec("ours-eager", "ours", m, base + 2, **same), BOTH),
     ]
     graphs = [
-        (ServerSpec("stock-graphs", "stock", m, 8105, eager=False, **same), BOTH),
-        (ServerSpec("ours-graphs", "ours", m, 8106, eager=False, **same), BOTH),
-        (ServerSpec("stock-eager-chunk2048", "stock", m, 8104, max_num_batched_tokens=2048,
+        (ServerSpec("stock-graphs", "stock", m, base + 5, eager=False, **same), BOTH),
+        (ServerSpec("ours-graphs", "ours", m, base + 6, eager=False, **same), BOTH),
+        (ServerSpec("stock-eager-chunk2048", "stock", m, base + 4, max_num_batched_tokens=2048,
                     **same), BOTH),
     ]  # fmt: skip
     per_wave = args.servers_per_wave
@@ -380,6 +387,13 @@ def phase_speculative(args) -> dict:
             result["servers"].update(start_all([s], 0.0))
             state = result["servers"][s.spec.name]
             state["cold"] = bool(args.cold_starts)
+            if "ready_s" in state:
+                try:
+                    state["first_token_s"] = first_token(s, min(prompts.values(), key=len))
+                    log(f"{s.spec.name}: first token after {state['first_token_s']:.0f} s")
+                except Exception as exc:  # noqa: BLE001 -- recorded; health still runs
+                    state["first_token_error"] = repr(exc)
+                    log(f"{s.spec.name}: first request FAILED: {exc!r}")
             if args.cold_starts:
                 cache, aot = (
                     Path(os.environ["TRITON_CACHE_DIR"]),
@@ -387,7 +401,10 @@ def phase_speculative(args) -> dict:
                 )
                 state["triton_compiled_at_start"] = triton_compiles(cache, aot)
                 state["aot_triton_misses"] = aot_triton_misses(cache, aot)
-                log(f"{s.spec.name}: Triton compiles at start: {state['triton_compiled_at_start']}")
+                log(
+                    f"{s.spec.name}: Triton compiles through the first token: "
+                    f"{state['triton_compiled_at_start']}"
+                )
             if "ready_s" not in state:
                 continue
             h = subprocess.run(
@@ -415,6 +432,17 @@ def phase_speculative(args) -> dict:
         finally:
             s.stop()
     return result
+
+
+def first_token(s: Server, prompt_ids: list[int]) -> float:
+    """Seconds from the server's start until its first request (one greedy token for
+    ``prompt_ids``) has returned: a user's first token, with whatever the first request
+    still compiles."""
+    probes.post_completion(
+        s.client, {"model": s.served_model_name, "prompt": prompt_ids, "max_tokens": 1,
+                   "temperature": 0.0}
+    )  # fmt: skip
+    return time.monotonic() - s.t_start
 
 
 def aot_triton_misses(cache: Path, aot_dir: str | None) -> list[dict]:
@@ -591,7 +619,10 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
                 )
         out["speculative"] = spec_eq
         out["health"] = speculative.get("health")
-        keep = ("ready_s", "cold", "error", "triton_compiled_at_start", "aot_triton_misses")
+        keep = (
+            "ready_s", "first_token_s", "cold", "error", "triton_compiled_at_start",
+            "aot_triton_misses",
+        )  # fmt: skip
         out["starts"] = {
             name: {k: v for k, v in state.items() if k in keep}
             for name, state in speculative.get("servers", {}).items()
@@ -612,15 +643,18 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
 
 def cold_start_comparison(starts: dict) -> dict | None:
     """Ours against stock from emptied compile caches, both started by ``deepinfer
-    launch``; None unless both did."""
+    launch``, by the time each served its first token; None unless both did."""
     ours, stock = starts.get("ours-spec-launch", {}), starts.get("stock-spec-launch", {})
-    if not (ours.get("cold") and stock.get("cold") and "ready_s" in ours and "ready_s" in stock):
+    key = "first_token_s"
+    if not (ours.get("cold") and stock.get("cold") and key in ours and key in stock):
         return None
     return {
-        "ours_s": ours["ready_s"],
-        "stock_s": stock["ready_s"],
-        "ours_over_stock": ours["ready_s"] / stock["ready_s"],
-        "ours_faster": ours["ready_s"] < stock["ready_s"],
+        "ours_s": ours[key],
+        "stock_s": stock[key],
+        "ours_over_stock": ours[key] / stock[key],
+        "ours_faster": ours[key] < stock[key],
+        "ready_ours_s": ours["ready_s"],
+        "ready_stock_s": stock["ready_s"],
     }
 
 
@@ -713,6 +747,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="report: the speculative record, speculative.json or speculative.npz "
         "(default: the one in OUT, if any)",
+    )
+    p.add_argument(
+        "--port-base",
+        type=int,
+        default=8100,
+        help="correctness: the servers listen on this port plus 1 to 10",
     )
     p.add_argument("--util", type=float, default=0.15, help="GPU memory share per server")
     p.add_argument(
@@ -830,6 +870,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, v in rep.get("starts", {}).items():
             how = "from emptied compile caches" if v.get("cold") else "caches as found"
             ready = f"ready after {v['ready_s']:.0f} s" if "ready_s" in v else "did not start"
+            if "first_token_s" in v:
+                ready += f", first token after {v['first_token_s']:.0f} s"
             print(f"{name} start ({how}): {ready}")
             if "triton_compiled_at_start" in v:
                 print(f"  Triton kernels it compiled: {v['triton_compiled_at_start']}")
@@ -841,8 +883,10 @@ def main(argv: list[str] | None = None) -> int:
         cold = rep.get("cold_start")
         if cold:
             print(
-                f"cold start, both by deepinfer launch: ours {cold['ours_s']:.0f} s, stock "
-                f"{cold['stock_s']:.0f} s (ours/stock {cold['ours_over_stock']:.2f})"
+                f"cold start to the first token, both by deepinfer launch: ours "
+                f"{cold['ours_s']:.0f} s, stock {cold['stock_s']:.0f} s (ours/stock "
+                f"{cold['ours_over_stock']:.2f}; ready after {cold['ready_ours_s']:.0f} s and "
+                f"{cold['ready_stock_s']:.0f} s)"
             )
         print(f"resolving power: {rep['verdict']['resolving_power']}")
         print(f"verdict: {rep['verdict']['result']} ({rep['verdict']['why']})")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -76,6 +77,13 @@ def render(spec: ServerSpec) -> tuple[list[str], dict[str, str]]:
     return plan.argv, plan.env
 
 
+def port_answers(port: int) -> bool:
+    """Whether something already accepts connections on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 class Server:
     def __init__(self, spec: ServerSpec, log_dir: Path):
         self.spec = spec
@@ -88,6 +96,14 @@ class Server:
         self.served_model_name = "deepinfer-smoke"
 
     def start(self) -> None:
+        """Start the server; refuses a port that already answers, since ``wait_ready``
+        would take that other server's answers for this one's."""
+        if port_answers(self.spec.port):
+            raise RuntimeError(
+                f"{self.spec.name}: port {self.spec.port} already answers before the server "
+                "starts: another server holds it. Stop that server (or choose other ports "
+                "with --port-base)"
+            )
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **PATH_ENV[self.spec.path], **self.spec.extra_env}
         env["DEEPINFER_RUNTIME_DIR"] = str(self.runtime_dir)

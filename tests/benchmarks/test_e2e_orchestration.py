@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,27 @@ def _checkpoint(d: Path, scale: float = 1.0) -> str:
     return str(d)
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _free_port_base(span: int = 11) -> int:
+    """A base whose ``span`` ports are free here now: the correctness phase's stand-in
+    servers listen on base + 1 to base + 10, clear of any server already running."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        if base + span < 65536 and all(_port_free(base + i) for i in range(span)):
+            return base
+    raise RuntimeError(f"no {span} consecutive free ports found")
+
+
 def _run(*args, out: Path, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     deepinfer = shutil.which("deepinfer") or str(Path(sys.executable).parent / "deepinfer")
     env = {
@@ -44,6 +66,8 @@ def _run(*args, out: Path, env_extra: dict | None = None) -> subprocess.Complete
         "PATH": f"{FAKE_BIN}:{Path(deepinfer).parent}:{os.environ['PATH']}",
         "PYTHONPATH": f"{ROOT / 'overlay'}:{ROOT}",
     }
+    if args[0] == "correctness" and "--port-base" not in args:
+        args = (*args, "--port-base", str(_free_port_base()))
     return subprocess.run(
         [sys.executable, "-m", "benchmarks.e2e", *args, "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=300, cwd=ROOT,
@@ -115,7 +139,10 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     assert set(rep["starts"]) == {"ours-spec-launch", "stock-spec-launch"}
     cold = rep["cold_start"]
     assert cold["ours_over_stock"] == cold["ours_s"] / cold["stock_s"] > 0
-    assert "cold start, both by deepinfer launch: ours" in r.stdout
+    assert "cold start to the first token, both by deepinfer launch: ours" in r.stdout
+    for name, v in rep["starts"].items():  # the first request returned after the server was up
+        assert v["first_token_s"] >= v["ready_s"] > 0, (name, v)
+    assert cold["ready_ours_s"] == rep["starts"]["ours-spec-launch"]["ready_s"]
     # --starts-only: the same two cold starts and health checks, no probes.
     starts = tmp_path / "starts"
     r = _run("speculative", *common, "--cold-starts", "--starts-only", out=starts,
@@ -128,7 +155,7 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     r = _run("report", "--records", str(out / "correctness.json"), "--speculative",
              str(starts / "speculative.json"), out=starts)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "cold start, both by deepinfer launch: ours" in r.stdout
+    assert "cold start to the first token, both by deepinfer launch: ours" in r.stdout
     assert json.loads((starts / "report.json").read_text())["cold_start"]["stock_s"] > 0
     # --only ours: that path alone, and no comparison.
     r = _run("speculative", *common, "--cold-starts", "--starts-only", "--only", "ours",
@@ -189,6 +216,27 @@ def test_a_server_that_dies_is_reported_not_fatal(tmp_path, monkeypatch):
         corr["runs"]["stock-eager-chunk2048"]
 
 
+def test_a_port_another_server_holds_is_refused_not_taken_for_ours(tmp_path, monkeypatch):
+    """A listener already on a server's port would answer its readiness polls: that server
+    is refused at start and recorded as failed (even one made to exit at once, whose polls
+    the other listener would answer); the others run."""
+    model = _checkpoint(tmp_path / "smoke")
+    _controls(tmp_path, {})
+    out, base = tmp_path / "out", _free_port_base()
+    monkeypatch.setenv("FAKE_VLLM_EXIT", "stock-eager-chunk2048")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", base + 4))  # stock-eager-chunk2048's port
+        squatter.listen()
+        r = _run("correctness", "--model", model, "--max-len", "100", "--stagger-s", "0",
+                 "--no-throughput", "--port-base", str(base), out=out)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    corr = json.loads((out / "correctness.json").read_text())
+    error = corr["servers"]["stock-eager-chunk2048"]["error"]
+    assert f"port {base + 4} already answers" in error
+    assert "stock-eager-chunk2048" not in corr["runs"]
+    assert "ready_s" in corr["servers"]["stock-eager"] and "stock-eager" in corr["runs"]
+
+
 def test_no_wave_holds_more_servers_than_fit_an_80_gb_gpu(tmp_path):
     """Every server and every control is in a wave, none twice, and no wave has more than
     SERVERS_PER_WAVE servers."""
@@ -198,6 +246,7 @@ def test_no_wave_holds_more_servers_than_fit_an_80_gb_gpu(tmp_path):
         controls_dir=tmp_path,
         waves=list(run.WAVES),
         servers_per_wave=run.SERVERS_PER_WAVE,
+        port_base=8100,
     )
     waves = run.correctness_waves(args)
     names = [spec.name for wave in waves for spec, _ in wave]
@@ -214,7 +263,7 @@ def test_waves_run_alone_and_the_graphs_wave_alone_has_no_controls(tmp_path):
 
     def names(*waves, per_wave=run.SERVERS_PER_WAVE):
         args = argparse.Namespace(model="m", util=0.15, controls_dir=tmp_path, waves=list(waves),
-                                  servers_per_wave=per_wave)  # fmt: skip
+                                  servers_per_wave=per_wave, port_base=8100)  # fmt: skip
         return [[spec.name for spec, _ in wave] for wave in run.correctness_waves(args)]
 
     assert names("graphs") == [["stock-graphs", "ours-graphs", "stock-eager-chunk2048"]]
@@ -253,6 +302,7 @@ def test_each_finished_wave_is_saved_before_the_next_starts(tmp_path, monkeypatc
     args = argparse.Namespace(
         model="m", out=tmp_path, util=0.15, controls_dir=tmp_path, waves=list(run.WAVES),
         max_len=None, stagger_s=0, throughput=False, servers_per_wave=run.SERVERS_PER_WAVE,
+        port_base=8100,
     )  # fmt: skip
     monkeypatch.setattr(run, "load_prompts", lambda model, max_len: {"p": [1, 2]})
     monkeypatch.setattr(run, "environment", lambda: {})
@@ -280,7 +330,7 @@ def test_controls_names_which_controls_run_and_which_checkpoints_are_needed(tmp_
     checkpoint must exist; the report says the others are not measured."""
     args = argparse.Namespace(model="m", util=0.15, controls_dir=tmp_path,
                               waves=["eager", "graphs"], servers_per_wave=3,
-                              controls=["L24-50pct"])  # fmt: skip
+                              controls=["L24-50pct"], port_base=8100)  # fmt: skip
     waves = [[spec.name for spec, _ in wave] for wave in run.correctness_waves(args)]
     assert waves == [
         ["stock-eager", "ours-eager", "control-L24-50pct"],
@@ -426,12 +476,19 @@ def test_triton_compiles_counts_what_the_aot_folder_did_not_bring(tmp_path):
 
 
 def test_cold_start_comparison_needs_both_cold_launches():
-    ours = {"ready_s": 300.0, "cold": True}
-    stock = {"ready_s": 400.0, "cold": True}
+    ours = {"ready_s": 290.0, "first_token_s": 300.0, "cold": True}
+    stock = {"ready_s": 395.0, "first_token_s": 400.0, "cold": True}
     both = {"ours-spec-launch": ours, "stock-spec-launch": stock}
     assert run.cold_start_comparison(both) == {
-        "ours_s": 300.0, "stock_s": 400.0, "ours_over_stock": 0.75, "ours_faster": True
+        "ours_s": 300.0, "stock_s": 400.0, "ours_over_stock": 0.75, "ours_faster": True,
+        "ready_ours_s": 290.0, "ready_stock_s": 395.0,
     }  # fmt: skip
+    # Compared by the first token: a server ready sooner but slower to its first token is
+    # not the faster start.
+    late_first = {**ours, "ready_s": 100.0, "first_token_s": 450.0}
+    assert not run.cold_start_comparison({**both, "ours-spec-launch": late_first})["ours_faster"]
+    no_first = {k: v for k, v in ours.items() if k != "first_token_s"}
+    assert run.cold_start_comparison({**both, "ours-spec-launch": no_first}) is None
     assert (
         run.cold_start_comparison({**both, "stock-spec-launch": {**stock, "cold": False}}) is None
     )

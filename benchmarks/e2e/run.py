@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.e2e import agreement, probes, record
+from benchmarks.e2e import agreement, probes, record, start_timeline
 from benchmarks.e2e.prompts import make_prompts, ordinary_token_ids
 from benchmarks.e2e.servers import Server, ServerSpec
 from benchmarks.serving.metrics import Snapshot, spec_decode_delta
@@ -431,6 +431,10 @@ def phase_speculative(args) -> dict:
             log(f"{s.spec.name}: probes in {time.monotonic() - t0:.0f} s, {run['spec_decode']}")
         finally:
             s.stop()
+            if s.log_path.exists():  # the steps its log names, read once it has ended
+                timeline = start_timeline.parse(s.log_path.read_text(errors="replace"))
+                result["servers"][s.spec.name]["timeline"] = timeline
+                log(f"{s.spec.name}: {start_timeline.summary(timeline)}")
     return result
 
 
@@ -621,7 +625,7 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
         out["health"] = speculative.get("health")
         keep = (
             "ready_s", "first_token_s", "cold", "error", "triton_compiled_at_start",
-            "aot_triton_misses",
+            "aot_triton_misses", "timeline",
         )  # fmt: skip
         out["starts"] = {
             name: {k: v for k, v in state.items() if k in keep}
@@ -873,6 +877,8 @@ def main(argv: list[str] | None = None) -> int:
             if "first_token_s" in v:
                 ready += f", first token after {v['first_token_s']:.0f} s"
             print(f"{name} start ({how}): {ready}")
+            if "timeline" in v:
+                print(f"  {start_timeline.summary(v['timeline'])}")
             if "triton_compiled_at_start" in v:
                 print(f"  Triton kernels it compiled: {v['triton_compiled_at_start']}")
             for miss in v.get("aot_triton_misses", []):

@@ -143,6 +143,9 @@ def test_phases_and_report_against_stand_in_servers(tmp_path):
     for name, v in rep["starts"].items():  # the first request returned after the server was up
         assert v["first_token_s"] >= v["ready_s"] > 0, (name, v)
     assert cold["ready_ours_s"] == rep["starts"]["ours-spec-launch"]["ready_s"]
+    for v in rep["starts"].values():  # the steps each server's log names
+        assert v["timeline"] == {"model_loading_s": 0.25, "init_engine_s": 0.5}
+    assert "model loading 0 s; engine init in all 0 s; Triton JIT while serving: none" in r.stdout
     # --starts-only: the same two cold starts and health checks, no probes.
     starts = tmp_path / "starts"
     r = _run("speculative", *common, "--cold-starts", "--starts-only", out=starts,

@@ -45,10 +45,85 @@ def test_keys_are_what_an_ampere_server_registers():
         vllm_mhc_aot.warmup_keys(model, 0)
 
 
+def test_prenorm_gemm_keys_are_what_a_server_without_deepgemm_dispatches():
+    """One key per token-count class (below 128: 1,024 threads x 4 outputs; below 1,024:
+    512 x 12; from 1,024: the block_m form) for the broadcast embedding's width and the full
+    stream's; a budget below 128 tokens reaches only the first class. Each key is what
+    vLLM's own dispatch picks for a batch of that size."""
+    from vllm.model_executor.kernels.mhc.tilelang_kernels import (
+        _HC_PRENORM_GEMM_TILELANG_KERNEL as GEMM,
+    )
+
+    model = MhcModelConfig()
+    h, hc = model.hidden_size, model.hc_mult
+    keys = vllm_mhc_aot.prenorm_gemm_keys(model, 8192)
+    assert [(k.hidden_size, k.n_thr, k.tile_n, k.use_block_m, k.block_m) for k in keys] == [
+        (h, 1024, 4, False, 1),
+        (h, 512, 12, False, 1),
+        (h, 512, 12, True, 2),
+        (hc * h, 1024, 4, False, 1),
+        (hc * h, 512, 12, False, 1),
+        (hc * h, 512, 12, True, 2),
+    ]
+    assert all(k.hc_mult == 1 and k.n_out == 24 and k.n_splits == 1 for k in keys)
+    for tokens, index in ((1, 0), (37, 0), (127, 0), (128, 1), (1023, 1), (1024, 2), (8192, 2)):
+        for offset, width in ((0, h), (3, hc * h)):
+            picked = GEMM.dispatch(num_tokens=tokens, hc_hidden_size=width, hidden_size=width,
+                                   hc_mult=1, n_out=24)  # fmt: skip
+            assert picked == keys[offset + index], (tokens, width)
+    assert vllm_mhc_aot.prenorm_gemm_keys(model, 64) == [keys[0], keys[3]]
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        vllm_mhc_aot.prenorm_gemm_keys(model, 0)
+
+
+def test_the_gemm_ships_only_for_gpus_without_deepgemm():
+    """Ampere builds carry the GEMM's keys after the epilogue's; a Hopper-only build (its
+    servers use DeepGEMM) carries the epilogue's alone."""
+    model = MhcModelConfig()
+    epilogue = [v.key for v in vllm_mhc_aot.shipped_variants(model, 8192, (90,))]
+    assert epilogue == vllm_mhc_aot.warmup_keys(model, 8192)
+    for ccs in ((80,), (86,), (80, 86), (80, 86, 90)):
+        keys = [v.key for v in vllm_mhc_aot.shipped_variants(model, 8192, ccs)]
+        assert keys == epilogue + vllm_mhc_aot.prenorm_gemm_keys(model, 8192)
+
+
+def test_gemm_tir_does_not_depend_on_the_token_count():
+    """The token count is a symbolic dimension: vLLM's stand-ins of 1, 128 or 1,024 tokens
+    and any other count give one TIR, so one build serves every batch of its class."""
+    import torch
+    from vllm.model_executor.warmup.jit_warmup_tilelang_helper import (
+        make_tilelang_warmup_tensor as stand_in,
+    )
+
+    variant = vllm_mhc_aot.shipped_variants(MhcModelConfig(), 8192)[-2]  # full stream, 512 x 12
+    k = variant.key
+    width = k.hidden_size * k.hc_mult
+    built = variant.build().script()
+
+    def tir_for(tokens: int) -> str:
+        fn = stand_in(torch.float32, k.n_out, width)
+        x = stand_in(torch.bfloat16, tokens, width)
+        out = stand_in(torch.float32, 1, tokens, k.n_out)
+        sqrsum = stand_in(torch.float32, 1, tokens)
+        kernel = vllm_mhc_aot.server_prenorm_gemm(False)
+        return kernel.get_tir(x, fn, out, sqrsum, k.hidden_size, k.hc_mult, k.n_out, k.n_thr,
+                              k.tile_n, k.n_splits).script()  # fmt: skip
+
+    assert tir_for(37) == built and tir_for(1000) == built
+    assert "num_tokens" in built
+    # A different tile does change it (the comparison can fail).
+    other = vllm_mhc_aot.shipped_variants(MhcModelConfig(), 8192)[-3]  # 1,024 x 4
+    assert other.build().script() != built
+
+
 def test_variant_reads_its_block_size_from_the_tir():
     variant = vllm_mhc_aot.shipped_variants(MhcModelConfig(), 64)[0]
     assert variant.threads() == 96
     assert variant.label == "vllm.mhc_pre_norm[numel5120,s1,premix0,aux0,fused]"
+    small, _, block_m = vllm_mhc_aot.shipped_variants(MhcModelConfig(), 8192)[7:10]
+    assert (small.threads(), block_m.threads()) == (1024, 512)
+    assert small.label == "vllm.hc_prenorm_gemm[k5120,thr1024,tile4,s1]"
+    assert block_m.label == "vllm.hc_prenorm_gemm[k5120,thr512,tile12,block_m2]"
 
 
 @pytest.mark.aot
@@ -100,6 +175,68 @@ def test_vllms_warmup_loads_the_built_keys_and_compiles_any_other(tmp_path, monk
     assert dataclasses.asdict(not_built.key)["use_pre_mix_in"] is True
 
 
+@pytest.mark.aot
+def test_vllms_gemm_loads_the_built_keys_at_any_token_count(tmp_path, monkeypatch):
+    """Two GEMM keys built for sm_80 and seeded: vLLM's own ``_HC_PRENORM_GEMM_TILELANG_KERNEL``
+    (its dispatch and launch arguments, the kernels decorated as on CUDA) loads both with
+    compiling made to fail: at its stand-ins' token counts and at 37 and 700 tokens. The
+    block_m key, not built, reaches the compiler."""
+    import tilelang.cuda.target as cuda_target
+    import torch
+    from tilelang.cache import _dispatch_map
+    from tilelang.jit.kernel import JITKernel
+    from vllm.model_executor.kernels.mhc import tilelang_kernels
+    from vllm.model_executor.warmup.jit_warmup_tilelang_helper import (
+        make_tilelang_warmup_tensor as stand_in,
+    )
+
+    gemm = tilelang_kernels._HC_PRENORM_GEMM_TILELANG_KERNEL
+    model = MhcModelConfig()
+    variants = vllm_mhc_aot.shipped_variants(model, 8192)
+    small, default, block_m = variants[-3:]  # the full stream's three classes
+    monkeypatch.setattr(vllm_mhc_aot, "shipped_variants", lambda *a: [small, default])
+    for cache in _dispatch_map.values():
+        monkeypatch.setattr(cache, "_memory_cache", {})
+    tilelang_build.forget_compiled()
+    dest = tmp_path / "vllm_mhc"
+    aot.build_vllm_mhc(dest, [80], 8192, log=print)
+    live = tmp_path / "live"
+    assert tilelang_build.seed_tilelang_cache(dest, live) > 0
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(live))
+    monkeypatch.setattr(cuda_target, "_detect_torch_cuda_arch", lambda: "sm_80")
+    monkeypatch.setattr(cuda_target, "check_cuda_availability", lambda: True)
+
+    def no_compile(self, *args, **kwargs):
+        raise AssertionError("compiled instead of loaded from the AOT folder")
+
+    monkeypatch.setattr(JITKernel, "_compile_and_create_adapter", no_compile)
+    # The kernels as a CUDA server's vLLM decorates them (vllm_mhc_aot.server_prenorm_gemm).
+    monkeypatch.setattr(tilelang_kernels, "hc_prenorm_gemm_tilelang",
+                        vllm_mhc_aot.server_prenorm_gemm(False))  # fmt: skip
+    monkeypatch.setattr(tilelang_kernels, "hc_prenorm_gemm_block_m_tilelang",
+                        vllm_mhc_aot.server_prenorm_gemm(True))  # fmt: skip
+
+    def at_tokens(key, tokens: int) -> None:
+        """vLLM's launch for a batch of ``tokens`` rows, compiled (never run)."""
+        for cache in _dispatch_map.values():
+            monkeypatch.setattr(cache, "_memory_cache", {})
+        width = key.hidden_size * key.hc_mult
+        gemm._warming_key = key
+        try:
+            gemm(stand_in(torch.bfloat16, tokens, width), stand_in(torch.float32, 24, width),
+                 stand_in(torch.float32, 1, tokens, 24), stand_in(torch.float32, 1, tokens),
+                 key.hidden_size, key.hc_mult)  # fmt: skip
+        finally:
+            gemm._warming_key = None
+
+    gemm.compile(small.key)  # vLLM's own stand-ins: 1 token
+    gemm.compile(default.key)  # 128 tokens
+    at_tokens(small.key, 37)
+    at_tokens(default.key, 700)
+    with pytest.raises(AssertionError, match="compiled instead of loaded"):
+        gemm.compile(block_m.key)
+
+
 GPU_SCRIPT = r"""
 import json, os, sys
 from pathlib import Path
@@ -107,6 +244,7 @@ from pathlib import Path
 import torch
 from tilelang.cache import _dispatch_map
 from tilelang.jit.kernel import JITKernel
+from vllm.model_executor.kernels.mhc.tilelang_kernels import _HC_PRENORM_GEMM_TILELANG_KERNEL
 from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
 
 from deepinfer_sm80 import aot, tilelang_build, vllm_mhc_aot
@@ -115,10 +253,17 @@ from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
 major, minor = torch.cuda.get_device_capability()
 cc = 10 * major + minor
 dest, live = Path(sys.argv[1]), Path(sys.argv[2])
-variants = vllm_mhc_aot.shipped_variants(MhcModelConfig(), 8192)
+variants = [
+    v for v in vllm_mhc_aot.shipped_variants(MhcModelConfig(), 8192, (cc,))
+    if isinstance(v, vllm_mhc_aot.VllmMhcPreNormVariant)
+]
 # The broadcast embedding's key and the full stream's with pre-mix and aux, of this GPU's keys.
 built = [variants[0], variants[-1]]
-vllm_mhc_aot.shipped_variants = lambda *a: built
+# The GEMM's full-stream keys below 128 and below 1,024 tokens (built here also where this
+# GPU's servers use DeepGEMM: the GEMM is launched directly below).
+gemm_keys = vllm_mhc_aot.prenorm_gemm_keys(MhcModelConfig(), 8192)[3:5]
+gemm_built = [vllm_mhc_aot.VllmPrenormGemmVariant(k) for k in gemm_keys]
+vllm_mhc_aot.shipped_variants = lambda *a: built + gemm_built
 aot.build_vllm_mhc(dest, [cc], 8192, log=lambda *a: None)
 seeded = tilelang_build.seed_tilelang_cache(dest, live)
 os.environ["TILELANG_CACHE_DIR"] = str(live)
@@ -137,11 +282,27 @@ JITKernel._compile_and_create_adapter = counting
 MHC_PRE_NORM_KERNEL.compile_many([v.key for v in built])  # vLLM's warmup call, its own kernel
 loaded = len(compiled)
 MHC_PRE_NORM_KERNEL.compile(variants[1].key)  # not built: compiles
+# vLLM's own GEMM launched on CUDA tensors at token counts other than its stand-ins'.
+before = len(compiled)
+width = gemm_keys[0].hidden_size
+torch.manual_seed(0)
+fn = torch.randn(24, width, device="cuda")
+worst = 0.0
+for tokens in (37, 700):
+    x = torch.randn(tokens, width, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((1, tokens, 24), float("nan"), device="cuda")
+    sqrsum = torch.full((1, tokens), float("nan"), device="cuda")
+    _HC_PRENORM_GEMM_TILELANG_KERNEL(x, fn, out, sqrsum, width, 1)
+    xf = x.double()
+    for got, want in ((out[0], xf @ fn.double().T), (sqrsum[0], (xf * xf).sum(-1))):
+        worst = max(worst, ((got.double() - want).abs() / want.abs().clamp_min(1.0)).max().item())
 print(json.dumps({
     "cc": cc, "labels": [v.label for v in variants], "seeded": seeded,
     "compiled_of_built": loaded, "compiled_of_not_built": len(compiled) - loaded,
     "pass_configs_equal": dict(MHC_PRE_NORM_KERNEL.kernel.pass_configs)
     == vllm_mhc_aot.cuda_pass_configs(),
+    "gemm_compiled_at_37_and_700_tokens": len(compiled) - before,
+    "gemm_worst_error": worst,
 }))
 """
 
@@ -149,7 +310,9 @@ print(json.dumps({
 @pytest.mark.gpu
 def test_on_a_gpu_vllms_own_kernel_loads_the_build(tmp_path):
     """On a GPU, vLLM's own decorated kernel (not ``server_kernel``'s) and its warmup call
-    load two keys built for this GPU and compile a third that was not built."""
+    load two keys built for this GPU and compile a third that was not built; vLLM's own
+    pre-norm GEMM, launched at 37 and 700 tokens, loads its two builds (compiles nothing)
+    and matches x @ fn^T and the row sums of squares."""
     import os
     import subprocess
     import sys
@@ -163,3 +326,5 @@ def test_on_a_gpu_vllms_own_kernel_loads_the_build(tmp_path):
     print(result)
     assert result["pass_configs_equal"] and result["seeded"] > 0
     assert result["compiled_of_built"] == 0 and result["compiled_of_not_built"] == 1, result
+    assert result["gemm_compiled_at_37_and_700_tokens"] == 0, result
+    assert result["gemm_worst_error"] < 1e-4, result

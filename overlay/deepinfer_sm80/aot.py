@@ -8,8 +8,9 @@ spills) and fails naming every one that does not fit. The image does this at bui
     DEST/manifest.json, DEST/triton/                the Triton specs (``ops.registry``)
     DEST/mhc/manifest.json, DEST/mhc/tilelang/      the mHC TileLang variants
     DEST/sparse_mla/manifest.json, .../tilelang/    the sparse MLA TileLang variants
-    DEST/vllm_mhc/manifest.json, .../tilelang/      vLLM's mHC pre-norm kernel, for the
-                                                    keys its JIT warmup compiles
+    DEST/vllm_mhc/manifest.json, .../tilelang/      vLLM's mHC pre-norm kernels: the
+                                                    epilogue's JIT-warmup keys and, below
+                                                    sm_90, the projection GEMM's
                                                     (``vllm_mhc_aot``)
 
 Each ``tilelang/`` folder is a TileLang cache folder (``tilelang_build.aot_build``). At
@@ -32,7 +33,7 @@ Whether a server's launches specialize as the specs say shows in its Triton cach
 run: ``python -m deepinfer_sm80.triton_cache_audit CACHE --aot DEST`` names each of our
 kernels it compiled and the spec change that would cover it.
 TileLang entries are keyed by the kernel's TIR, target, backend and pass configs, all
-pinned in ``tilelang_build`` (for vLLM's kernel, as vLLM sets them on CUDA:
+pinned in ``tilelang_build`` (for vLLM's kernels, as vLLM sets them on CUDA:
 ``vllm_mhc_aot``), so a server on that architecture finds them.
 
     python -m deepinfer_sm80.aot build /opt/deepinfer/kernels --arches "8.0 8.6"
@@ -67,7 +68,7 @@ TRITON_SUBDIR = "triton"
 # plugin's kernel warmup.
 MHC_SUBDIR = "mhc"
 SPARSE_MLA_SUBDIR = "sparse_mla"
-# vLLM's own mHC pre-norm kernel (deepinfer_sm80.vllm_mhc_aot), which DeepSeek-V4.1 still runs.
+# vLLM's own mHC pre-norm kernels (deepinfer_sm80.vllm_mhc_aot), which DeepSeek-V4.1 still runs.
 VLLM_MHC_SUBDIR = "vllm_mhc"
 # The token budget the mHC variants are built for (vLLM's max_num_batched_tokens; every
 # budget from ops.mhc.geometry.TC_MIN_TOKENS up needs the same variants).
@@ -148,7 +149,9 @@ def build_vllm_mhc(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     log=print,
 ) -> dict:
-    """vLLM's mHC pre-norm kernel for every key its JIT warmup asks for, into ``dest``."""
+    """vLLM's mHC pre-norm kernels for ``ccs`` into ``dest``: the epilogue for every key
+    its JIT warmup asks for and, where one of ``ccs`` lacks DeepGEMM, the projection GEMM
+    for every token-count class (``vllm_mhc_aot.shipped_variants``)."""
     import vllm
 
     from deepinfer_sm80 import vllm_mhc_aot
@@ -158,7 +161,7 @@ def build_vllm_mhc(
     model = MhcModelConfig()
     return aot_build(
         dest,
-        vllm_mhc_aot.shipped_variants(model, max_num_batched_tokens),
+        vllm_mhc_aot.shipped_variants(model, max_num_batched_tokens, tuple(ccs)),
         ccs,
         "vLLM mHC",
         log,

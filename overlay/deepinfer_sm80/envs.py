@@ -95,7 +95,7 @@ REGISTRY: tuple[Var, ...] = (
         hint=" (latency: several splits per token, for small batches; throughput: one split "
         "per token, for large batches); a server sets it from its topology's decode_splits"),
     Var("DEEPINFER_AOT_DIR", "path", None, (PLUGIN, IMAGE),
-        "ahead-of-time Triton, mHC and sparse MLA kernels and vLLM's mHC pre-norm kernel to "
+        "ahead-of-time Triton, mHC and sparse MLA kernels and vLLM's mHC pre-norm kernels to "
         "seed the caches from (`/opt/deepinfer/kernels` in the image)"),
     Var("DEEPINFER_PUBLISHED_HOST", "str", None, (DEPLOY,),
         "the host address `deepinfer launch`'s port is published on (compose.yaml passes "

@@ -1,13 +1,23 @@
-"""vLLM's own mHC pre-norm TileLang kernel, compiled ahead of time for the keys its warmup asks for.
+"""vLLM's own mHC pre-norm TileLang kernels, compiled ahead of time for the keys a server compiles.
 
 Our plugin routes the fused post + pre-norm mixing and the post mixing onto our kernels, but
-vLLM 0.33.0's DeepSeek-V4.1 still runs its own pre-norm kernel
-(``mhc_pre_big_fuse_with_norm_tilelang``) at the first layer and around the Engram layers,
-and every decoder layer registers its compile keys for vLLM's JIT warmup
-(``models/deepseek_v41/nvidia/model.py``, the ``MHC_PRE_NORM_KERNEL.register_warmup`` loop).
-A cold server compiles each of them with nvcc before it is ready. Built here into a TileLang
-cache folder (``deepinfer_sm80.aot``'s ``vllm_mhc`` part) and seeded by the plugin, the warmup
-loads them from disk instead.
+vLLM 0.33.0's DeepSeek-V4.1 still runs its own pre-norm path (``mhc_pre_delayed_tilelang``)
+at the first layer and around the Engram layers. Two of its TileLang kernels compile with
+nvcc on a cold server:
+
+- the epilogue, ``mhc_pre_big_fuse_with_norm_tilelang``: every decoder layer registers its
+  compile keys for vLLM's JIT warmup (``models/deepseek_v41/nvidia/model.py``, the
+  ``MHC_PRE_NORM_KERNEL.register_warmup`` loop), which compiles them before the server is
+  ready;
+- the projection GEMM, ``hc_prenorm_gemm_tilelang`` and its ``block_m`` form, where DeepGEMM
+  is unsupported (below sm_90: Ampere). Nothing registers it for the warmup: a server
+  compiles each of its keys when the first batch of that size class reaches it (the memory
+  profiling run, CUDA graph capture, the first requests). V4.1 passes it the sublayer's
+  input width with ``hc_mult`` 1: the broadcast embedding's hidden size at the first layer,
+  the full stream's ``hc_mult x hidden`` after.
+
+Built here into a TileLang cache folder (``deepinfer_sm80.aot``'s ``vllm_mhc`` part) and
+seeded by the plugin, both load from disk instead.
 
 A build is found only if its TileLang cache key equals the server's: the kernel's TIR for
 the key, the target, the execution backend and the pass configs. Three things make that hold
@@ -18,9 +28,12 @@ on a build machine without a GPU:
   stream needs sm_100), and where DeepGEMM is unsupported (Ampere, and a machine without a
   GPU) the token sweep adds no splits: the keys do not depend on the token budget there.
   On a Hopper GPU (the ``--hopper-proxy`` build runs there) vLLM's sweep reads the GPU.
-- ``server_kernel`` decorates vLLM's kernel function again with TileLang's language bound:
-  off CUDA, vLLM imports its TileLang kernels with ``T`` unset, so its own decorated kernel
-  knows no tensor arguments and cannot elaborate.
+  ``prenorm_gemm_keys`` asks the GEMM's own ``get_warmup_keys``, whose sweep over the token
+  count follows its runtime dispatch (below 128 tokens, below 1,024, and from 1,024 on).
+  The GEMM's token count is a symbolic dimension: one build serves every count of its class.
+- ``server_kernel`` and ``server_prenorm_gemm`` decorate vLLM's kernel functions again with
+  TileLang's language bound: off CUDA, vLLM imports its TileLang kernels with ``T`` unset,
+  so its own decorated kernels know no tensor arguments and cannot elaborate.
 - ``CUDA_PASS_CONFIGS`` are the pass configs vLLM gives its TileLang kernels on a CUDA
   platform (``vllm.tilelang_utils._get_pass_configs``); off CUDA it leaves one out.
 """
@@ -31,8 +44,10 @@ import functools
 import math
 import re
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Any
 
+from deepinfer_sm80.arch import AMPERE_CCS
 from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
 
 # vLLM's TileLang pass configs on a CUDA platform, by name (tilelang.PassConfigKey values);
@@ -53,18 +68,35 @@ def cuda_pass_configs() -> dict:
     return {tilelang.PassConfigKey(name): value for name, value in CUDA_PASS_CONFIGS.items()}
 
 
-@functools.cache
-def server_kernel():
-    """vLLM's ``mhc_pre_big_fuse_with_norm_tilelang`` as a CUDA server decorates it."""
+def _as_on_cuda(jit_kernel):
+    """vLLM's TileLang kernel ``jit_kernel`` decorated again as on a CUDA server."""
     import tilelang
     import tilelang.language
-    from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
 
-    function = MHC_PRE_NORM_KERNEL.kernel.func.orig_func
+    function = jit_kernel.func.orig_func
     # The names its body reads from its module, as vLLM binds them on a CUDA platform.
     function.__globals__["T"] = tilelang.language
     function.__globals__["tilelang"] = tilelang
     return tilelang.jit(pass_configs=cuda_pass_configs())(function)
+
+
+@functools.cache
+def server_kernel():
+    """vLLM's ``mhc_pre_big_fuse_with_norm_tilelang`` as a CUDA server decorates it."""
+    from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
+
+    return _as_on_cuda(MHC_PRE_NORM_KERNEL.kernel)
+
+
+@functools.cache
+def server_prenorm_gemm(use_block_m: bool):
+    """vLLM's ``hc_prenorm_gemm_tilelang`` (``hc_prenorm_gemm_block_m_tilelang`` with
+    ``use_block_m``) as a CUDA server decorates it."""
+    from vllm.model_executor.kernels.mhc import tilelang_kernels
+
+    if use_block_m:
+        return _as_on_cuda(tilelang_kernels.hc_prenorm_gemm_block_m_tilelang)
+    return _as_on_cuda(tilelang_kernels.hc_prenorm_gemm_tilelang)
 
 
 def warmup_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> list[Any]:
@@ -104,6 +136,14 @@ def warmup_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> list[Any]
     return list(dict.fromkeys(keys))
 
 
+def _threads(label: str, tir) -> int:
+    """Threads per CTA, read from the TIR's thread bindings."""
+    extents = [int(n) for n in _THREAD_BINDING.findall(tir.script())]
+    if not extents:
+        raise ValueError(f"{label}: no threadIdx binding in its TIR")
+    return math.prod(extents)
+
+
 @dataclass(frozen=True)
 class VllmMhcPreNormVariant:
     """One compile key of vLLM's kernel as a TileLang variant (``tilelang_build``)."""
@@ -125,12 +165,79 @@ class VllmMhcPreNormVariant:
         return cuda_pass_configs()
 
     def threads(self) -> int:
-        """Threads per CTA, read from the TIR's thread bindings."""
-        extents = [int(n) for n in _THREAD_BINDING.findall(self.build().script())]
-        if not extents:
-            raise ValueError(f"{self.label}: no threadIdx binding in its TIR")
-        return math.prod(extents)
+        return _threads(self.label, self.build())
 
 
-def shipped_variants(model: MhcModelConfig, max_num_batched_tokens: int):
-    return [VllmMhcPreNormVariant(k) for k in warmup_keys(model, max_num_batched_tokens)]
+def prenorm_gemm_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> list[Any]:
+    """The compile keys of vLLM's pre-norm GEMM that a server without DeepGEMM reaches: for
+    each input width V4.1 passes (the broadcast embedding's and the full stream's, with
+    ``hc_mult`` 1), one per token-count class up to the token budget."""
+    from vllm.model_executor.kernels.mhc.tilelang_kernels import (
+        _HC_PRENORM_GEMM_TILELANG_KERNEL as GEMM,
+    )
+
+    if max_num_batched_tokens < 1:
+        raise ValueError(f"max_num_batched_tokens: expected >= 1, got {max_num_batched_tokens}")
+    h, hc = model.hidden_size, model.hc_mult
+    # get_warmup_keys reads the budget from a vLLM config; only this field.
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens)
+    )
+    keys = []
+    for width in (h, hc * h):
+        keys += GEMM.get_warmup_keys(config, hidden_size=width, hc_mult=1, n_out=hc * (hc + 2))
+    return list(dict.fromkeys(keys))
+
+
+@dataclass(frozen=True)
+class VllmPrenormGemmVariant:
+    """One compile key of vLLM's pre-norm GEMM as a TileLang variant (``tilelang_build``)."""
+
+    key: Any  # vLLM's HcPrenormGemmTileLangKernel.CompileKey
+
+    @property
+    def label(self) -> str:
+        k = self.key
+        form = f"block_m{k.block_m}" if k.use_block_m else f"s{k.n_splits}"
+        return (
+            f"vllm.hc_prenorm_gemm[k{k.hidden_size * k.hc_mult},thr{k.n_thr},tile{k.tile_n},{form}]"
+        )
+
+    def build(self):
+        from vllm.model_executor.kernels.mhc.tilelang_kernels import (
+            _HC_PRENORM_GEMM_TILELANG_KERNEL as GEMM,
+        )
+
+        k = self.key
+        # vLLM's own stand-in tensors for the key, passed as its launch passes them (the
+        # last argument is block_m in the block_m form, n_splits otherwise).
+        t = GEMM.warmup_inputs(k)
+        last = k.block_m if k.use_block_m else k.n_splits
+        return server_prenorm_gemm(k.use_block_m).get_tir(
+            t["x"], t["fn"], t["out"], t["sqrsum"], k.hidden_size, k.hc_mult, k.n_out,
+            k.n_thr, k.tile_n, last,
+        )  # fmt: skip
+
+    def pass_configs(self) -> dict:
+        return cuda_pass_configs()
+
+    def threads(self) -> int:
+        return _threads(self.label, self.build())
+
+
+# DeepGEMM runs vLLM's pre-norm GEMM from sm_90 on (vllm.utils.deep_gemm); below it, the
+# TileLang GEMM compiles.
+DEEPGEMM_MIN_CC = 90
+
+
+def shipped_variants(
+    model: MhcModelConfig, max_num_batched_tokens: int, ccs: tuple[int, ...] = AMPERE_CCS
+):
+    """What the ``vllm_mhc`` part builds for ``ccs``: the epilogue's warmup keys, and the
+    GEMM's keys where one of ``ccs`` runs it (below ``DEEPGEMM_MIN_CC``)."""
+    variants: list = [VllmMhcPreNormVariant(k) for k in warmup_keys(model, max_num_batched_tokens)]
+    if any(cc < DEEPGEMM_MIN_CC for cc in ccs):
+        variants += [
+            VllmPrenormGemmVariant(k) for k in prenorm_gemm_keys(model, max_num_batched_tokens)
+        ]
+    return variants

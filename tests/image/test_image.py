@@ -201,12 +201,14 @@ def test_aot_kernels_are_in_the_image():
     ]
     assert len(throughput) == 4
     assert sum(k["label"].startswith("sparse_mla.prefill_tl[") for k in mla["kernels"]) == 8
-    # vLLM's mHC pre-norm kernel, the 7 keys its warmup compiles on Ampere, x 2 arches
+    # vLLM's mHC pre-norm kernels on Ampere: the epilogue's 7 warmup keys and the GEMM's 6
+    # (two widths x three token-count classes), x 2 arches
     out = _in_service("cat $DEEPINFER_AOT_DIR/vllm_mhc/manifest.json")
     assert out.returncode == 0, out.stderr
     vllm_mhc = json.loads(out.stdout)
     assert vllm_mhc["arches"] == ["sm_80", "sm_86"] and vllm_mhc["vllm"] == "0.33.0"
-    assert len(vllm_mhc["kernels"]) == 14
+    assert len(vllm_mhc["kernels"]) == 26
+    assert sum(k["label"].startswith("vllm.hc_prenorm_gemm[") for k in vllm_mhc["kernels"]) == 12
     assert all(k["error"] is None for k in vllm_mhc["kernels"])
 
 
@@ -245,7 +247,8 @@ def test_the_images_vllm_mhc_builds_are_what_vllms_warmup_loads():
     """In the serving container: with the TileLang cache seeded from the folder and
     TileLang's detector reporting sm_80, then sm_86, vLLM's own warmup call
     (``MHC_PRE_NORM_KERNEL.compile_many``) over every key its warmup asks for on Ampere
-    compiles nothing. (No GPU: the kernel is decorated as on CUDA, ``vllm_mhc_aot``.)"""
+    compiles nothing, nor does vLLM's pre-norm GEMM for any of its keys. (No GPU: the
+    kernels are decorated as on CUDA, ``vllm_mhc_aot``.)"""
     out = _in_service(
         "python - <<'PY'\n"
         "import os, tempfile\n"
@@ -256,6 +259,7 @@ def test_the_images_vllm_mhc_builds_are_what_vllms_warmup_loads():
         "from tilelang.cache import _dispatch_map\n"
         "from tilelang.jit.kernel import JITKernel\n"
         "from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL as kernel\n"
+        "from vllm.model_executor.kernels.mhc import tilelang_kernels as tk\n"
         "from deepinfer_sm80 import aot, tilelang_build, vllm_mhc_aot\n"
         "from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig\n"
         "src = aot.tilelang_aot_dir(os.environ['DEEPINFER_AOT_DIR'], aot.VLLM_MHC_SUBDIR)\n"
@@ -265,6 +269,9 @@ def test_the_images_vllm_mhc_builds_are_what_vllms_warmup_loads():
         "cuda_target.check_cuda_availability = lambda: True\n"
         "kernel.kernel = vllm_mhc_aot.server_kernel()\n"
         "keys = vllm_mhc_aot.warmup_keys(MhcModelConfig(), 8192)\n"
+        "tk.hc_prenorm_gemm_tilelang = vllm_mhc_aot.server_prenorm_gemm(False)\n"
+        "tk.hc_prenorm_gemm_block_m_tilelang = vllm_mhc_aot.server_prenorm_gemm(True)\n"
+        "gemm_keys = vllm_mhc_aot.prenorm_gemm_keys(MhcModelConfig(), 8192)\n"
         "for arch in ('sm_80', 'sm_86'):\n"
         "    cuda_target._detect_torch_cuda_arch = lambda: arch\n"
         "    for c in _dispatch_map.values():\n"
@@ -273,12 +280,16 @@ def test_the_images_vllm_mhc_builds_are_what_vllms_warmup_loads():
         "    kernel.compile_many(keys)\n"
         "    loaded = len(kernel._compiled_cache)\n"
         "    print(arch, 'keys', len(keys), 'loaded', loaded, 'compiled', len(compiled))\n"
+        "    for key in gemm_keys:\n"
+        "        tk._HC_PRENORM_GEMM_TILELANG_KERNEL.compile(key)\n"
+        "    print(arch, 'gemm keys', len(gemm_keys), 'compiled', len(compiled))\n"
         "PY"
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert int(out.stdout.split("seeded ")[1].split()[0]) > 0
     for arch in ("sm_80", "sm_86"):
         assert f"{arch} keys 7 loaded 7 compiled 0" in out.stdout, out.stdout
+        assert f"{arch} gemm keys 6 compiled 0" in out.stdout, out.stdout
 
 
 def test_launcher_renders_or_refuses_in_the_image():

@@ -1360,18 +1360,41 @@ def test_the_two_copies_of_the_fp8_decode_ptx_are_the_same():
     assert len(cuda_ptx) > 20 and cuda_ptx == triton_ptx
 
 
+@pytest.fixture(scope="module")
+def sparse_mla_aot_build(tmp_path_factory):
+    """The image's AOT step for these kernels (``aot.build_sparse_mla`` for sm_80 and sm_86),
+    run once for the tests that read it: its manifest and folder."""
+    from tilelang.cache import _dispatch_map
+
+    from deepinfer_sm80 import aot
+
+    dest = tmp_path_factory.mktemp("sparse_mla_aot")
+    with pytest.MonkeyPatch.context() as mp:
+        # Kernels this process already compiled would come from TileLang's memory caches
+        # and never reach the new folder; the image build is a fresh process.
+        for cache in _dispatch_map.values():
+            mp.setattr(cache, "_memory_cache", {})
+        return aot.build_sparse_mla(dest, [80, 86]), dest
+
+
 @pytest.mark.aot
-def test_tilelang_kernels_fit_ampere():
+def test_tilelang_kernels_fit_ampere(sparse_mla_aot_build):
     """Every shipped TileLang variant (decode: 3 index widths, and the throughput split;
     prefill: 2 widths over bf16 rows; each with the wide and the narrow kernel) compiles
     for sm_80 and sm_86 within 48 KB of shared memory, without spills, and leaves room
-    for two 256-thread CTAs per SM."""
+    for two 256-thread CTAs per SM. (Measured by the AOT build, which compiles each variant
+    through ``tilelang_build.fit_report`` as ``fit_reports()`` does.)"""
     from deepinfer_sm80.ampere_fit import fit_violations, format_reports
-    from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import fit_reports, shipped_variants
+    from deepinfer_sm80.kernel_spec import FitReport
+    from deepinfer_sm80.ops.sparse_mla.tilelang_kernels import shipped_variants
 
-    reports = fit_reports()
+    manifest, _ = sparse_mla_aot_build
+    fields = {f.name for f in dataclasses.fields(FitReport)}
+    reports = [FitReport(**{k: v for k, v in row.items() if k in fields})
+               for row in manifest["kernels"]]  # fmt: skip
     print(format_reports(reports))
-    assert len(reports) == 2 * len(shipped_variants()) == 24
+    assert [r.label for r in reports] == [v.label for v in shipped_variants()] * 2
+    assert len(reports) == 24
     assert fit_violations(reports) == []
     assert all(r.min_ctas_per_sm == 2 and r.threads == 256 for r in reports)
 
@@ -1403,7 +1426,7 @@ def test_splits_fastest_grid_fits_ampere(monkeypatch):
 
 
 @pytest.mark.aot
-def test_tilelang_kernels_aot_build_and_refusal(tmp_path, monkeypatch):
+def test_tilelang_kernels_aot_build_and_refusal(sparse_mla_aot_build, tmp_path, monkeypatch):
     """The image's AOT step for these kernels (``aot.build_sparse_mla``, part of ``python -m
     deepinfer_sm80.aot build``): a TileLang cache folder and a manifest for both arches; a
     misfit (here: forced) fails the build with the kernel named."""
@@ -1413,18 +1436,24 @@ def test_tilelang_kernels_aot_build_and_refusal(tmp_path, monkeypatch):
 
     from deepinfer_sm80 import aot
 
-    # Kernels this process already compiled would come from TileLang's memory caches and
-    # never reach the new folder; the image build is a fresh process.
-    for cache in _dispatch_map.values():
-        monkeypatch.setattr(cache, "_memory_cache", {})
-    built = aot.build_sparse_mla(tmp_path / "ok", [80, 86])
-    manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
+    built, folder = sparse_mla_aot_build
+    manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest == built
     assert manifest["arches"] == ["sm_80", "sm_86"] and len(manifest["kernels"]) == 24
     assert all(k["error"] is None for k in manifest["kernels"])
-    assert any((tmp_path / "ok" / "tilelang").rglob("*")), "no TileLang cache entries written"
-    # Three CTAs per SM caps the wide kernel's registers at 80: it spills.
+    assert any((folder / "tilelang").rglob("*")), "no TileLang cache entries written"
+    # Three CTAs per SM caps the wide kernel's registers at 80: it spills. The wide decode
+    # kernel of V4.1's 128 + 512 rows alone is built.
+    for cache in _dispatch_map.values():
+        monkeypatch.setattr(cache, "_memory_cache", {})
     _with_decode_constexpr(monkeypatch, "CTAS_PER_SM", 3)
+    wide = [
+        v
+        for v in tilelang_kernels.shipped_variants()
+        if v.label.startswith("sparse_mla.decode_tl[128+512") and not v.label.endswith(",h8]")
+    ][:1]
+    assert wide
+    monkeypatch.setattr(tilelang_kernels, "shipped_variants", lambda: wide)
     with pytest.raises(RuntimeError, match=r"decode_tl\[128\+512[^\n]* on sm_80: spills"):
         aot.build_sparse_mla(tmp_path / "bad", [80])
 

@@ -136,17 +136,29 @@ def warmup_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> list[Any]
     return list(dict.fromkeys(keys))
 
 
-def _threads(label: str, tir) -> int:
-    """Threads per CTA, read from the TIR's thread bindings."""
-    extents = [int(n) for n in _THREAD_BINDING.findall(tir.script())]
-    if not extents:
-        raise ValueError(f"{label}: no threadIdx binding in its TIR")
-    return math.prod(extents)
+class _VllmVariant:
+    """What a compile key of one of vLLM's kernels needs besides ``label`` and ``build`` to
+    be a TileLang variant (``tilelang_build``): vLLM's CUDA pass configs, and its block
+    size."""
+
+    label: str
+
+    def build(self): ...
+
+    def pass_configs(self) -> dict:
+        return cuda_pass_configs()
+
+    def threads(self) -> int:
+        """Threads per CTA, read from the TIR's thread bindings."""
+        extents = [int(n) for n in _THREAD_BINDING.findall(self.build().script())]
+        if not extents:
+            raise ValueError(f"{self.label}: no threadIdx binding in its TIR")
+        return math.prod(extents)
 
 
 @dataclass(frozen=True)
-class VllmMhcPreNormVariant:
-    """One compile key of vLLM's kernel as a TileLang variant (``tilelang_build``)."""
+class VllmMhcPreNormVariant(_VllmVariant):
+    """One compile key of vLLM's mHC pre-norm epilogue as a TileLang variant."""
 
     key: Any  # vLLM's MHCPreNormKernel.CompileKey
 
@@ -160,12 +172,6 @@ class VllmMhcPreNormVariant:
 
     def build(self):
         return server_kernel().get_tir(**asdict(self.key))
-
-    def pass_configs(self) -> dict:
-        return cuda_pass_configs()
-
-    def threads(self) -> int:
-        return _threads(self.label, self.build())
 
 
 def prenorm_gemm_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> list[Any]:
@@ -190,8 +196,8 @@ def prenorm_gemm_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> lis
 
 
 @dataclass(frozen=True)
-class VllmPrenormGemmVariant:
-    """One compile key of vLLM's pre-norm GEMM as a TileLang variant (``tilelang_build``)."""
+class VllmPrenormGemmVariant(_VllmVariant):
+    """One compile key of vLLM's pre-norm GEMM as a TileLang variant."""
 
     key: Any  # vLLM's HcPrenormGemmTileLangKernel.CompileKey
 
@@ -217,12 +223,6 @@ class VllmPrenormGemmVariant:
             t["x"], t["fn"], t["out"], t["sqrsum"], k.hidden_size, k.hc_mult, k.n_out,
             k.n_thr, k.tile_n, last,
         )  # fmt: skip
-
-    def pass_configs(self) -> dict:
-        return cuda_pass_configs()
-
-    def threads(self) -> int:
-        return _threads(self.label, self.build())
 
 
 # DeepGEMM runs vLLM's pre-norm GEMM from sm_90 on (vllm.utils.deep_gemm); below it, the

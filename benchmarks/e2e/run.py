@@ -433,7 +433,7 @@ def phase_speculative(args) -> dict:
             s.stop()
             if s.log_path.exists():  # the steps its log names, read once it has ended
                 timeline = start_timeline.parse(s.log_path.read_text(errors="replace"))
-                result["servers"][s.spec.name]["timeline"] = timeline
+                result["servers"].setdefault(s.spec.name, {})["timeline"] = timeline
                 log(f"{s.spec.name}: {start_timeline.summary(timeline)}")
     return result
 
@@ -624,8 +624,8 @@ def report(correctness: dict, speculative: dict | None, factor: float) -> dict:
         out["speculative"] = spec_eq
         out["health"] = speculative.get("health")
         keep = (
-            "ready_s", "first_token_s", "cold", "error", "triton_compiled_at_start",
-            "aot_triton_misses", "timeline",
+            "ready_s", "first_token_s", "first_token_error", "cold", "error",
+            "triton_compiled_at_start", "aot_triton_misses", "timeline",
         )  # fmt: skip
         out["starts"] = {
             name: {k: v for k, v in state.items() if k in keep}
@@ -876,6 +876,8 @@ def main(argv: list[str] | None = None) -> int:
             ready = f"ready after {v['ready_s']:.0f} s" if "ready_s" in v else "did not start"
             if "first_token_s" in v:
                 ready += f", first token after {v['first_token_s']:.0f} s"
+            elif "first_token_error" in v:
+                ready += f", first request failed: {v['first_token_error']}"
             print(f"{name} start ({how}): {ready}")
             if "timeline" in v:
                 print(f"  {start_timeline.summary(v['timeline'])}")

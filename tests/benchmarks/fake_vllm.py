@@ -5,7 +5,9 @@ adds noise of 1e-4 and a checkpoint whose config.json has ``fake_logprob_scale``
 the logprobs by it (a perturbed checkpoint), so the orchestrator's verdicts can be checked
 without a GPU. Greedy continuations follow ``greedy_next``, the top-1 of the logprobs.
 ``--speculative-config`` makes /metrics report drafts; with ``FAKE_SPEC_ACCEPTS_WRONG=1``
-such a server also emits one token that is not its greedy choice (a broken verifier).
+such a server also emits one token that is not its greedy choice (a broken verifier), and
+with ``FAKE_REFUSE_TOKEN_PROMPTS=1`` it answers every completion but a teacher-forced one
+with HTTP 500 (a server whose first request fails).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Handler(BaseHTTPRequestHandler):
             usage = {"completion_tokens": 2}
             return self._send(200, {"choices": [{"message": message}], "usage": usage})
         ids = req["prompt"]
+        if os.environ.get("FAKE_REFUSE_TOKEN_PROMPTS") == "1" and not req.get("echo"):
+            return self._send(500, {"error": "refused (FAKE_REFUSE_TOKEN_PROMPTS)"})
         scale = self.server.scale
         if req.get("echo"):
             pairs = list(pairwise(ids))

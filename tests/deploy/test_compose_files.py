@@ -56,38 +56,3 @@ def test_a_refusal_stops_once_and_a_crash_restarts(name, check, server):
         # Same image, settings, mounts and GPUs as the server it vouches for.
         for key in ("image", "environment", "volumes", "deploy", "ipc"):
             assert services[check][key] == services[server][key], key
-
-
-# Where a server compiles kernels in its container: the image's TRITON_CACHE_DIR,
-# TILELANG_CACHE_DIR and VLLM_CACHE_ROOT, and FlashInfer's JIT folder under HOME
-# (flashinfer.jit.env: $HOME/.cache/flashinfer).
-COMPILE_CACHES = {
-    "triton-cache": "/home/deepinfer/.cache/triton",
-    "tilelang-cache": "/home/deepinfer/.cache/tilelang",
-    "vllm-cache": "/home/deepinfer/.cache/vllm",
-    "flashinfer-cache": "/home/deepinfer/.cache/flashinfer",
-}
-
-
-@pytest.mark.parametrize("name", ["compose.yaml", "compose.multinode.yaml"])
-def test_every_compile_cache_survives_a_new_container(name):
-    """Each compile cache is a named volume of the server (so `make down && make up` skips
-    the compiles), at a folder the image creates for its user (a volume mounted where the
-    image has no folder comes up owned by root, and the server could not write it)."""
-    compose = _compose(name)
-    mounts = compose["services"]["deepinfer"]["volumes"]
-    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    created = dockerfile.split("mkdir -p", 1)[1].split("&&", 1)[0].split()
-    for volume, folder in COMPILE_CACHES.items():
-        assert f"{volume}:{folder}" in mounts, (volume, mounts)
-        assert volume in compose["volumes"]
-        assert folder in created, (folder, created)
-    env = {
-        k: v
-        for line in dockerfile.split("ENV HOME=", 1)[1].split("USER", 1)[0].splitlines()
-        for k, _, v in [line.strip(" \\").partition("=")]
-    }
-    assert env["TRITON_CACHE_DIR"] == COMPILE_CACHES["triton-cache"]
-    assert env["TILELANG_CACHE_DIR"] == COMPILE_CACHES["tilelang-cache"]
-    assert env["VLLM_CACHE_ROOT"] == COMPILE_CACHES["vllm-cache"]
-    assert "FLASHINFER_WORKSPACE_BASE" not in dockerfile  # FlashInfer's folder follows HOME

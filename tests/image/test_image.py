@@ -292,6 +292,30 @@ def test_the_images_vllm_mhc_builds_are_what_vllms_warmup_loads():
         assert f"{arch} gemm keys 6 compiled 0" in out.stdout, out.stdout
 
 
+def test_the_image_samples_with_vllms_sampler_as_flashinfer_cannot_jit_there():
+    """vLLM would JIT-compile FlashInfer's top-k/top-p sampler during the first start's
+    memory profiling; in the image FlashInfer's JIT finds no CUDA toolkit, so the image
+    sets VLLM_USE_FLASHINFER_SAMPLER=0 and vLLM reads it as off. If the image gains a
+    toolkit FlashInfer can build with, this fails: FlashInfer's sampler is then an option
+    to measure again."""
+    out = _in_service(
+        "python - <<'PY'\n"
+        "import os\n"
+        "import vllm.envs as envs\n"
+        "print('env', os.environ.get('VLLM_USE_FLASHINFER_SAMPLER'),\n"
+        "      'vllm reads', envs.VLLM_USE_FLASHINFER_SAMPLER)\n"
+        "from flashinfer.jit.cpp_ext import get_cuda_path\n"
+        "try:\n"
+        "    print('toolkit', get_cuda_path())\n"
+        "except RuntimeError as exc:\n"
+        "    print('no toolkit:', exc)\n"
+        "PY"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "env 0 vllm reads False" in out.stdout, out.stdout
+    assert "no toolkit: Could not find nvcc" in out.stdout, out.stdout
+
+
 def test_launcher_renders_or_refuses_in_the_image():
     out = _in_service("deepinfer launch tp8 --dry-run")
     assert out.returncode == 0, out.stderr

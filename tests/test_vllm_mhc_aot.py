@@ -1,14 +1,18 @@
 """deepinfer_sm80.vllm_mhc_aot: vLLM's own mHC pre-norm kernel, built ahead of time for the
 keys its JIT warmup compiles, is what vLLM's warmup loads on a server of that architecture."""
 
+import ast
 import dataclasses
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from deepinfer_sm80 import aot, tilelang_build, vllm_mhc_aot
 from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
 
+ROOT = Path(__file__).resolve().parents[1]
 
 def test_pass_configs_are_vllms_on_a_cuda_platform(monkeypatch):
     """Off CUDA vLLM leaves its register-usage level out; a CUDA server's key holds it."""
@@ -19,7 +23,7 @@ def test_pass_configs_are_vllms_on_a_cuda_platform(monkeypatch):
 
 
 def test_keys_are_what_an_ampere_server_registers():
-    """Without DeepGEMM (Ampere; this machine) the warmup compiles split 1 for the broadcast
+    """Without DeepGEMM (Ampere) the warmup compiles split 1 for the broadcast
     embedding, and splits 1 and 8 (the fused post + pre-norm GEMM's) for the full stream
     without and with the carried pre-mix, and with the draft's aux output; any token
     budget gives the same keys."""
@@ -43,6 +47,51 @@ def test_keys_are_what_an_ampere_server_registers():
     assert vllm_mhc_aot.warmup_keys(model, 64) == keys
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         vllm_mhc_aot.warmup_keys(model, 0)
+
+
+H100_RECORD = ROOT / "benchmarks" / "results" / "NVIDIA_H100.vllm_mhc_aot_gpu_test.txt"
+
+
+def _recorded_h100_labels() -> list[str]:
+    """The labels of the keys vLLM's own sweep registered on an H100 (the gpu test's record)."""
+    line = next(x for x in H100_RECORD.read_text().splitlines() if x.startswith("{'cc': 90"))
+    return ast.literal_eval(line)["labels"]
+
+
+def _labels(keys) -> list[str]:
+    return [vllm_mhc_aot.VllmMhcPreNormVariant(k).label for k in keys]
+
+
+def test_hopper_keys_built_without_a_gpu_are_the_ones_vllm_registered_on_an_h100():
+    """A --hopper-proxy build on this machine (no GPU) asks for the 15 keys vLLM's live
+    sweep registered on an H100 (DeepGEMM's splits 1/4/16 and the fused GEMM's 8), in its
+    order; an H100 PCIe's 114 SMs give the same keys as the 132 assumed."""
+    model = MhcModelConfig()
+    hopper = vllm_mhc_aot.warmup_keys(model, 8192, 90)
+    assert _labels(hopper) == _recorded_h100_labels()
+    with vllm_mhc_aot.sweep_as_on(90, sms=114):
+        assert vllm_mhc_aot.registered_keys(model, 8192) == hopper
+    # A budget below one 64-token step of the sweep reaches fewer splits.
+    assert len(vllm_mhc_aot.warmup_keys(model, 1, 90)) < len(hopper)
+
+
+def test_keys_follow_the_server_gpu_not_the_build_machine(monkeypatch):
+    """On a Hopper build machine (DeepGEMM present, 132 SMs) vLLM's sweep registers
+    Hopper's keys, yet an Ampere build still asks for Ampere's; the machine is as it was
+    once the sweep has run."""
+    import torch
+    from vllm.model_executor.kernels.mhc import warmup as vllm_warmup
+
+    model = MhcModelConfig()
+    ampere = vllm_mhc_aot.warmup_keys(model, 8192, 80)
+    assert vllm_mhc_aot.registered_keys(model, 8192) == ampere  # this machine: no GPU
+    monkeypatch.setattr(vllm_warmup, "is_deep_gemm_supported", lambda: True)
+    props = SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    here = vllm_mhc_aot.registered_keys(model, 8192)
+    assert _labels(here) == _recorded_h100_labels()
+    assert vllm_mhc_aot.warmup_keys(model, 8192, 80) == ampere
+    assert vllm_mhc_aot.registered_keys(model, 8192) == here  # the patches were undone
 
 
 def test_prenorm_gemm_keys_are_what_a_server_without_deepgemm_dispatches():
@@ -80,11 +129,17 @@ def test_the_gemm_ships_only_for_gpus_without_deepgemm():
     """Ampere builds carry the GEMM's keys after the epilogue's; a Hopper-only build (its
     servers use DeepGEMM) carries the epilogue's alone."""
     model = MhcModelConfig()
-    epilogue = [v.key for v in vllm_mhc_aot.shipped_variants(model, 8192, (90,))]
-    assert epilogue == vllm_mhc_aot.warmup_keys(model, 8192)
-    for ccs in ((80,), (86,), (80, 86), (80, 86, 90)):
+    hopper = vllm_mhc_aot.warmup_keys(model, 8192, 90)
+    assert [v.key for v in vllm_mhc_aot.shipped_variants(model, 8192, (90,))] == hopper
+    ampere = vllm_mhc_aot.warmup_keys(model, 8192, 80)
+    gemm = vllm_mhc_aot.prenorm_gemm_keys(model, 8192)
+    for ccs in ((80,), (86,), (80, 86)):
         keys = [v.key for v in vllm_mhc_aot.shipped_variants(model, 8192, ccs)]
-        assert keys == epilogue + vllm_mhc_aot.prenorm_gemm_keys(model, 8192)
+        assert keys == ampere + gemm
+    # Both: each key once, Ampere's first.
+    keys = [v.key for v in vllm_mhc_aot.shipped_variants(model, 8192, (80, 86, 90))]
+    assert keys == ampere + [k for k in hopper if k not in ampere] + gemm
+    assert set(ampere) < set(hopper)
 
 
 def test_gemm_tir_does_not_depend_on_the_token_count():
@@ -298,6 +353,8 @@ for tokens in (37, 700):
         worst = max(worst, ((got.double() - want).abs() / want.abs().clamp_min(1.0)).max().item())
 print(json.dumps({
     "cc": cc, "labels": [v.label for v in variants], "seeded": seeded,
+    "live_sweep_equal": vllm_mhc_aot.registered_keys(MhcModelConfig(), 8192)
+    == vllm_mhc_aot.warmup_keys(MhcModelConfig(), 8192, cc),
     "compiled_of_built": loaded, "compiled_of_not_built": len(compiled) - loaded,
     "pass_configs_equal": dict(MHC_PRE_NORM_KERNEL.kernel.pass_configs)
     == vllm_mhc_aot.cuda_pass_configs(),
@@ -309,7 +366,8 @@ print(json.dumps({
 
 @pytest.mark.gpu
 def test_on_a_gpu_vllms_own_kernel_loads_the_build(tmp_path):
-    """On a GPU, vLLM's own decorated kernel (not ``server_kernel``'s) and its warmup call
+    """On a GPU, vLLM's own sweep registers the keys ``warmup_keys`` names for it; vLLM's
+    own decorated kernel (not ``server_kernel``'s) and its warmup call
     load two keys built for this GPU and compile a third that was not built; vLLM's own
     pre-norm GEMM, launched at 37 and 700 tokens, loads its two builds (compiles nothing)
     and matches x @ fn^T and the row sums of squares."""
@@ -325,6 +383,8 @@ def test_on_a_gpu_vllms_own_kernel_loads_the_build(tmp_path):
     result = json.loads(run.stdout.strip().splitlines()[-1])
     print(result)
     assert result["pass_configs_equal"] and result["seeded"] > 0
+    # The keys asked for without a GPU (vllm_mhc_aot.sweep_as_on) are the live sweep's here.
+    assert result["live_sweep_equal"], result
     assert result["compiled_of_built"] == 0 and result["compiled_of_not_built"] == 1, result
     assert result["gemm_compiled_at_37_and_700_tokens"] == 0, result
     assert result["gemm_worst_error"] < 1e-4, result

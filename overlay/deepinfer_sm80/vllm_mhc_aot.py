@@ -24,10 +24,14 @@ the key, the target, the execution backend and the pass configs. Three things ma
 on a build machine without a GPU:
 
 - ``warmup_keys`` asks vLLM's own ``get_warmup_keys`` for every variant the decoder layer
-  registers. Below sm_100 a layer registers the fused split mode alone (the shifted-mHC
-  stream needs sm_100), and where DeepGEMM is unsupported (Ampere, and a machine without a
-  GPU) the token sweep adds no splits: the keys do not depend on the token budget there.
-  On a Hopper GPU (the ``--hopper-proxy`` build runs there) vLLM's sweep reads the GPU.
+  registers, with vLLM's sweep shown the server's GPU instead of the build machine's
+  (``sweep_as_on``). Below sm_100 a layer registers the fused split mode alone (the
+  shifted-mHC stream needs sm_100). Where DeepGEMM is unsupported (Ampere) the token sweep
+  adds no splits: the keys do not depend on the token budget there. Where it runs (sm_90,
+  the ``--hopper-proxy`` build) the sweep adds the splits its estimator picks from the
+  GPU's SM count, ``HOPPER_PROXY_SMS``: a proxy folder built on a machine without a GPU
+  holds the keys an H100 or H200 server compiles, and an Ampere folder built on a Hopper
+  machine holds Ampere's.
   ``prenorm_gemm_keys`` asks the GEMM's own ``get_warmup_keys``, whose sweep over the token
   count follows its runtime dispatch (below 128 tokens, below 1,024, and from 1,024 on).
   The GEMM's token count is a symbolic dimension: one build serves every count of its class.
@@ -40,12 +44,15 @@ on a build machine without a GPU:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 from deepinfer_sm80.arch import AMPERE_CCS
 from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
@@ -99,10 +106,52 @@ def server_prenorm_gemm(use_block_m: bool):
     return _as_on_cuda(tilelang_kernels.hc_prenorm_gemm_tilelang)
 
 
-def warmup_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> list[Any]:
+# DeepGEMM runs vLLM's pre-norm GEMM from sm_90 on (vllm.utils.deep_gemm); below it, the
+# TileLang GEMM compiles.
+DEEPGEMM_MIN_CC = 90
+# vLLM's single-pass fused post + pre-norm GEMM config needs sm_100
+# (tilelang_kernels._fused_post_pre_single_pass_supported).
+SINGLE_PASS_MIN_CC = 100
+# The SM count a --hopper-proxy build's sweep assumes: H100 SXM5 and H200 both have 132.
+HOPPER_PROXY_SMS = 132
+
+
+@contextlib.contextmanager
+def sweep_as_on(cc: int, sms: int = HOPPER_PROXY_SMS) -> Iterator[None]:
+    """vLLM's mHC warmup sweep as it runs on a server GPU of compute capability ``cc`` with
+    ``sms`` SMs, whatever GPU this machine has (or none): the three things the sweep reads
+    from the machine (DeepGEMM support, the SM count its split estimator divides, the
+    single-pass fused GEMM's capability check) answer for that GPU."""
+    import torch
+    from vllm.model_executor.kernels.mhc import tilelang_kernels
+    from vllm.model_executor.kernels.mhc import warmup as vllm_warmup
+
+    props = SimpleNamespace(multi_processor_count=sms)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(
+            vllm_warmup, "is_deep_gemm_supported", lambda: cc >= DEEPGEMM_MIN_CC
+        ))  # fmt: skip
+        stack.enter_context(mock.patch.object(
+            tilelang_kernels, "_fused_post_pre_single_pass_supported",
+            lambda: cc >= SINGLE_PASS_MIN_CC,
+        ))  # fmt: skip
+        stack.enter_context(mock.patch.object(
+            torch.cuda, "get_device_properties", lambda device=None: props
+        ))  # fmt: skip
+        yield
+
+
+def warmup_keys(model: MhcModelConfig, max_num_batched_tokens: int, cc: int = 80) -> list[Any]:
     """The compile keys DeepSeek-V4.1's decoder layers register for vLLM's JIT warmup of
-    its mHC pre-norm kernel, with speculative decoding's aux variant included (a server
+    its mHC pre-norm kernel on a server GPU of compute capability ``cc`` (sm_90: an H100 or
+    H200, ``HOPPER_PROXY_SMS``), with speculative decoding's aux variant included (a server
     without a draft model registers a subset)."""
+    with sweep_as_on(cc):
+        return registered_keys(model, max_num_batched_tokens)
+
+
+def registered_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> list[Any]:
+    """``warmup_keys`` as vLLM's sweep finds them on this machine, its GPU (or none) as it is."""
     from vllm.model_executor.kernels.mhc.tilelang_kernels import mhc_fused_post_pre_splits
     from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
 
@@ -225,17 +274,14 @@ class VllmPrenormGemmVariant(_VllmVariant):
         )  # fmt: skip
 
 
-# DeepGEMM runs vLLM's pre-norm GEMM from sm_90 on (vllm.utils.deep_gemm); below it, the
-# TileLang GEMM compiles.
-DEEPGEMM_MIN_CC = 90
-
-
 def shipped_variants(
     model: MhcModelConfig, max_num_batched_tokens: int, ccs: tuple[int, ...] = AMPERE_CCS
 ):
-    """What the ``vllm_mhc`` part builds for ``ccs``: the epilogue's warmup keys, and the
-    GEMM's keys where one of ``ccs`` runs it (below ``DEEPGEMM_MIN_CC``)."""
-    variants: list = [VllmMhcPreNormVariant(k) for k in warmup_keys(model, max_num_batched_tokens)]
+    """What the ``vllm_mhc`` part builds for ``ccs``: the epilogue's warmup keys of each of
+    ``ccs`` (each key once), and the GEMM's keys where one of ``ccs`` runs it (below
+    ``DEEPGEMM_MIN_CC``)."""
+    keys = [k for cc in ccs for k in warmup_keys(model, max_num_batched_tokens, cc)]
+    variants: list = [VllmMhcPreNormVariant(k) for k in dict.fromkeys(keys)]
     if any(cc < DEEPGEMM_MIN_CC for cc in ccs):
         variants += [
             VllmPrenormGemmVariant(k) for k in prenorm_gemm_keys(model, max_num_batched_tokens)

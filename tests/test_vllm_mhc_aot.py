@@ -14,6 +14,7 @@ from deepinfer_sm80.ops.mhc.warmup import MhcModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def test_pass_configs_are_vllms_on_a_cuda_platform(monkeypatch):
     """Off CUDA vLLM leaves its register-usage level out; a CUDA server's key holds it."""
     import vllm.tilelang_utils as tilelang_utils

@@ -130,17 +130,63 @@ def test_the_gemm_ships_only_for_gpus_without_deepgemm():
     """Ampere builds carry the GEMM's keys after the epilogue's; a Hopper-only build (its
     servers use DeepGEMM) carries the epilogue's alone."""
     model = MhcModelConfig()
-    hopper = vllm_mhc_aot.warmup_keys(model, 8192, 90)
-    assert [v.key for v in vllm_mhc_aot.shipped_variants(model, 8192, (90,))] == hopper
-    ampere = vllm_mhc_aot.warmup_keys(model, 8192, 80)
-    gemm = vllm_mhc_aot.prenorm_gemm_keys(model, 8192)
+    epilogue, gemm = vllm_mhc_aot.VllmMhcPreNormVariant, vllm_mhc_aot.VllmPrenormGemmVariant
+    hopper = [epilogue(k, pdl=True) for k in vllm_mhc_aot.warmup_keys(model, 8192, 90)]
+    assert vllm_mhc_aot.shipped_variants(model, 8192, (90,)) == hopper
+    ampere = [epilogue(k) for k in vllm_mhc_aot.warmup_keys(model, 8192, 80)]
+    gemms = [gemm(k) for k in vllm_mhc_aot.prenorm_gemm_keys(model, 8192)]
     for ccs in ((80,), (86,), (80, 86)):
-        keys = [v.key for v in vllm_mhc_aot.shipped_variants(model, 8192, ccs)]
-        assert keys == ampere + gemm
-    # Both: each key once, Ampere's first.
-    keys = [v.key for v in vllm_mhc_aot.shipped_variants(model, 8192, (80, 86, 90))]
-    assert keys == ampere + [k for k in hopper if k not in ampere] + gemm
-    assert set(ampere) < set(hopper)
+        assert vllm_mhc_aot.shipped_variants(model, 8192, ccs) == ampere + gemms
+    # Both: Ampere's without PDL, then Hopper's with it, each once.
+    assert vllm_mhc_aot.shipped_variants(model, 8192, (80, 86, 90)) == ampere + hopper + gemms
+    assert {v.key for v in ampere} < {v.key for v in hopper}
+
+
+def test_each_variant_elaborates_pdl_as_its_gpu_does_and_builds_for_it_alone(monkeypatch):
+    """From sm_90 vLLM's kernels wait on and trigger programmatic dependent launch, which is
+    in their TIR (and so in TileLang's cache key): an sm_90 variant holds both, an Ampere
+    variant neither, also on a machine where vLLM enabled PDL at import (a Hopper build
+    machine). Each builds only for the GPUs that look it up."""
+    from vllm.model_executor.kernels.mhc import tilelang_kernels
+
+    model = MhcModelConfig()
+    key = vllm_mhc_aot.warmup_keys(model, 64, 80)[0]
+    gemm_key = vllm_mhc_aot.prenorm_gemm_keys(model, 64)[0]
+    for variant in (
+        vllm_mhc_aot.VllmMhcPreNormVariant(key),
+        vllm_mhc_aot.VllmPrenormGemmVariant(gemm_key),
+    ):
+        with_pdl = dataclasses.replace(variant, pdl=True)
+        assert "T.pdl_trigger" not in variant.build().script()
+        assert "T.pdl_trigger" in with_pdl.build().script()
+        assert with_pdl.label == variant.label[:-1] + ",pdl]"
+        assert [cc for cc in (80, 86, 90) if variant.builds_for(cc)] == [80, 86]
+        assert [cc for cc in (80, 86, 90) if with_pdl.builds_for(cc)] == [90]
+        monkeypatch.setattr(tilelang_kernels, "ENABLE_PDL", True)
+        assert "T.pdl_trigger" not in variant.build().script()
+        assert tilelang_kernels.ENABLE_PDL is True  # left as it was
+        monkeypatch.setattr(tilelang_kernels, "ENABLE_PDL", False)
+
+
+def test_a_build_compiles_each_variant_only_for_the_gpus_it_builds_for(tmp_path, monkeypatch):
+    """``compile_into_cache`` skips a variant on an architecture it does not build for (and
+    compiles one without ``builds_for`` everywhere)."""
+    built = []
+
+    def fake_fit_report(variant, cc):
+        built.append((variant.label, cc))
+        return tilelang_build.FitReport(variant.label, f"sm_{cc}", 0, 32, 0, 0), 0.0
+
+    monkeypatch.setattr(tilelang_build, "fit_report", fake_fit_report)
+    key = vllm_mhc_aot.warmup_keys(MhcModelConfig(), 64, 80)[0]
+    ampere = vllm_mhc_aot.VllmMhcPreNormVariant(key)
+    hopper = dataclasses.replace(ampere, pdl=True)
+    plain = SimpleNamespace(label="plain")
+    _, rows = tilelang_build.compile_into_cache(
+        tmp_path, [ampere, hopper, plain], [80, 90], print, "test"
+    )
+    assert built == [(ampere.label, 80), ("plain", 80), (hopper.label, 90), ("plain", 90)]
+    assert [r["arch"] for r in rows] == ["sm_80", "sm_80", "sm_90", "sm_90"]
 
 
 def test_gemm_tir_does_not_depend_on_the_token_count():
@@ -183,25 +229,30 @@ def test_variant_reads_its_block_size_from_the_tir():
 
 
 @pytest.mark.aot
-def test_vllms_warmup_loads_the_built_keys_and_compiles_any_other(tmp_path, monkeypatch):
-    """Two keys built for sm_80 (``aot.build_vllm_mhc``) and seeded: vLLM's own
-    ``MHC_PRE_NORM_KERNEL.compile_many`` (its warmup's call, TileLang's parallel compile for
-    two or more keys) with TileLang's detector reporting sm_80 loads both; compiling is made
-    to fail, so a miss raises. A key that was not built does reach the compiler."""
+@pytest.mark.parametrize("cc, arch, pdl", [(80, "sm_80", False), (90, "sm_90a", True)])
+def test_vllms_warmup_loads_the_built_keys_and_compiles_any_other(
+    tmp_path, monkeypatch, cc, arch, pdl
+):
+    """Two keys built for ``sm_{cc}`` on this machine (``aot.build_vllm_mhc``) and seeded:
+    vLLM's own ``MHC_PRE_NORM_KERNEL.compile_many`` (its warmup's call, TileLang's parallel
+    compile for two or more keys), with TileLang's detector reporting that GPU and vLLM's
+    ``ENABLE_PDL`` as that GPU sets it at import, loads both; compiling is made to fail, so
+    a miss raises. A key that was not built does reach the compiler."""
     import tilelang.cuda.target as cuda_target
     from tilelang.cache import _dispatch_map
     from tilelang.jit.kernel import JITKernel
+    from vllm.model_executor.kernels.mhc import tilelang_kernels
     from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
 
     model = MhcModelConfig()
-    variants = vllm_mhc_aot.shipped_variants(model, 64)
+    variants = vllm_mhc_aot.shipped_variants(model, 64, (cc,))
     built, not_built = variants[1:3], variants[3]
     monkeypatch.setattr(vllm_mhc_aot, "shipped_variants", lambda *a: built)
     for cache in _dispatch_map.values():
         monkeypatch.setattr(cache, "_memory_cache", {})
     tilelang_build.forget_compiled()
     dest = tmp_path / "vllm_mhc"
-    manifest = aot.build_vllm_mhc(dest, [80], 64, log=print)
+    manifest = aot.build_vllm_mhc(dest, [cc], 64, log=print)
     assert [(k["label"], k["error"]) for k in manifest["kernels"]] == [
         (v.label, None) for v in built
     ]
@@ -209,8 +260,9 @@ def test_vllms_warmup_loads_the_built_keys_and_compiles_any_other(tmp_path, monk
     live = tmp_path / "live"
     assert tilelang_build.seed_tilelang_cache(dest, live) > 0
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(live))
-    monkeypatch.setattr(cuda_target, "_detect_torch_cuda_arch", lambda: "sm_80")
+    monkeypatch.setattr(cuda_target, "_detect_torch_cuda_arch", lambda: arch)
     monkeypatch.setattr(cuda_target, "check_cuda_availability", lambda: True)
+    monkeypatch.setattr(tilelang_kernels, "ENABLE_PDL", pdl)
     compiled = []
 
     def no_compile(self, *args, **kwargs):
@@ -300,6 +352,7 @@ from pathlib import Path
 import torch
 from tilelang.cache import _dispatch_map
 from tilelang.jit.kernel import JITKernel
+from vllm.model_executor.kernels.mhc import tilelang_kernels
 from vllm.model_executor.kernels.mhc.tilelang_kernels import _HC_PRENORM_GEMM_TILELANG_KERNEL
 from vllm.model_executor.kernels.mhc.warmup import MHC_PRE_NORM_KERNEL
 
@@ -318,7 +371,8 @@ built = [variants[0], variants[-1]]
 # The GEMM's full-stream keys below 128 and below 1,024 tokens (built here also where this
 # GPU's servers use DeepGEMM: the GEMM is launched directly below).
 gemm_keys = vllm_mhc_aot.prenorm_gemm_keys(MhcModelConfig(), 8192)[3:5]
-gemm_built = [vllm_mhc_aot.VllmPrenormGemmVariant(k) for k in gemm_keys]
+pdl = cc >= vllm_mhc_aot.PDL_MIN_CC
+gemm_built = [vllm_mhc_aot.VllmPrenormGemmVariant(k, pdl=pdl) for k in gemm_keys]
 vllm_mhc_aot.shipped_variants = lambda *a: built + gemm_built
 aot.build_vllm_mhc(dest, [cc], 8192, log=lambda *a: None)
 seeded = tilelang_build.seed_tilelang_cache(dest, live)
@@ -356,6 +410,7 @@ print(json.dumps({
     "cc": cc, "labels": [v.label for v in variants], "seeded": seeded,
     "live_sweep_equal": vllm_mhc_aot.registered_keys(MhcModelConfig(), 8192)
     == vllm_mhc_aot.warmup_keys(MhcModelConfig(), 8192, cc),
+    "live_pdl_equal": tilelang_kernels.ENABLE_PDL == pdl,
     "compiled_of_built": loaded, "compiled_of_not_built": len(compiled) - loaded,
     "pass_configs_equal": dict(MHC_PRE_NORM_KERNEL.kernel.pass_configs)
     == vllm_mhc_aot.cuda_pass_configs(),
@@ -386,6 +441,8 @@ def test_on_a_gpu_vllms_own_kernel_loads_the_build(tmp_path):
     assert result["pass_configs_equal"] and result["seeded"] > 0
     # The keys asked for without a GPU (vllm_mhc_aot.sweep_as_on) are the live sweep's here.
     assert result["live_sweep_equal"], result
+    # vLLM enables PDL on this GPU exactly where the variants built for it elaborate it.
+    assert result["live_pdl_equal"], result
     assert result["compiled_of_built"] == 0 and result["compiled_of_not_built"] == 1, result
     assert result["gemm_compiled_at_37_and_700_tokens"] == 0, result
     assert result["gemm_worst_error"] < 1e-4, result

@@ -54,6 +54,9 @@ class TileLangVariant(Protocol):
 
     def threads(self) -> int: ...
 
+    # Optional: ``builds_for(cc) -> bool``, False for an architecture whose servers never
+    # look the variant up (``compile_into_cache`` skips it there).
+
 
 # Pinned so that a kernel compiled ahead of time and the one the server asks for share a
 # cache key: TileLang's "auto" backend could resolve differently on the two machines.
@@ -249,8 +252,9 @@ def device_flags_key():
 
 def compile_into_cache(dest: Path, variants, ccs, log, what: str) -> tuple[list, list[dict]]:
     """Compile ``variants`` (anything with ``build()``, ``pass_configs()``, ``label``,
-    ``threads()``) for each ``sm_{cc}`` into ``dest/tilelang``, a TileLang cache folder,
-    measuring each build. Returns the fit reports and one manifest row per build."""
+    ``threads()``) for each ``sm_{cc}`` the variant ``builds_for`` into ``dest/tilelang``, a
+    TileLang cache folder, measuring each build. Returns the fit reports and one manifest
+    row per build."""
     cache = Path(dest) / TILELANG_SUBDIR
     cache.mkdir(parents=True, exist_ok=True)
     previous = os.environ.get("TILELANG_CACHE_DIR")
@@ -259,6 +263,8 @@ def compile_into_cache(dest: Path, variants, ccs, log, what: str) -> tuple[list,
     try:
         for cc in ccs:
             for variant in variants:
+                if not getattr(variant, "builds_for", lambda cc: True)(cc):
+                    continue
                 report, seconds = fit_report(variant, cc)
                 reports.append(report)
                 rows.append({**asdict(report), "compile_seconds": round(seconds, 2)})

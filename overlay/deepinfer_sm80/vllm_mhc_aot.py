@@ -37,7 +37,10 @@ on a build machine without a GPU:
   The GEMM's token count is a symbolic dimension: one build serves every count of its class.
 - ``server_kernel`` and ``server_prenorm_gemm`` decorate vLLM's kernel functions again with
   TileLang's language bound: off CUDA, vLLM imports its TileLang kernels with ``T`` unset,
-  so its own decorated kernels know no tensor arguments and cannot elaborate.
+  so its own decorated kernels know no tensor arguments and cannot elaborate. Each variant
+  elaborates with vLLM's ``ENABLE_PDL`` as the server's GPU sets it (from sm_90 the
+  kernels wait on and trigger programmatic dependent launch, which changes their TIR): an
+  sm_90 variant is built for sm_90 alone, an Ampere one for Ampere alone.
 - ``CUDA_PASS_CONFIGS`` are the pass configs vLLM gives its TileLang kernels on a CUDA
   platform (``vllm.tilelang_utils._get_pass_configs``); off CUDA it leaves one out.
 """
@@ -114,6 +117,9 @@ DEEPGEMM_MIN_CC = 90
 SINGLE_PASS_MIN_CC = 100
 # The SM count a --hopper-proxy build's sweep assumes: H100 SXM5 and H200 both have 132.
 HOPPER_PROXY_SMS = 132
+# vLLM's TileLang mHC kernels use programmatic dependent launch on CUDA from sm_90
+# (tilelang_kernels.ENABLE_PDL, from the platform's is_arch_support_pdl: major >= 9).
+PDL_MIN_CC = 90
 
 
 @contextlib.contextmanager
@@ -185,14 +191,34 @@ def registered_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> list[
     return list(dict.fromkeys(keys))
 
 
+@contextlib.contextmanager
+def _elaborated_with_pdl(pdl: bool) -> Iterator[None]:
+    """vLLM's mHC kernels elaborate their PDL wait and trigger as a server GPU with (or
+    without) programmatic dependent launch does, whatever this machine is."""
+    from vllm.model_executor.kernels.mhc import tilelang_kernels
+
+    with mock.patch.object(tilelang_kernels, "ENABLE_PDL", pdl):
+        yield
+
+
 class _VllmVariant:
-    """What a compile key of one of vLLM's kernels needs besides ``label`` and ``build`` to
-    be a TileLang variant (``tilelang_build``): vLLM's CUDA pass configs, and its block
-    size."""
+    """What a compile key of one of vLLM's kernels needs besides ``label`` and ``tir`` to
+    be a TileLang variant (``tilelang_build``): its TIR as a server GPU with or without
+    PDL (``pdl``) elaborates it, built for those GPUs alone; vLLM's CUDA pass configs; and
+    its block size."""
 
     label: str
+    pdl: bool
 
-    def build(self): ...
+    def tir(self): ...
+
+    def build(self):
+        with _elaborated_with_pdl(self.pdl):
+            return self.tir()
+
+    def builds_for(self, cc: int) -> bool:
+        """Whether a server on ``sm_{cc}`` elaborates this variant's TIR (PDL from sm_90)."""
+        return self.pdl == (cc >= PDL_MIN_CC)
 
     def pass_configs(self) -> dict:
         return cuda_pass_configs()
@@ -210,16 +236,18 @@ class VllmMhcPreNormVariant(_VllmVariant):
     """One compile key of vLLM's mHC pre-norm epilogue as a TileLang variant."""
 
     key: Any  # vLLM's MHCPreNormKernel.CompileKey
+    pdl: bool = False
 
     @property
     def label(self) -> str:
         k = self.key
         return (
             f"vllm.mhc_pre_norm[numel{k.rms_numel},s{k.n_splits},"
-            f"premix{int(k.use_pre_mix_in)},aux{int(k.write_aux)},{k.split_mode}]"
+            f"premix{int(k.use_pre_mix_in)},aux{int(k.write_aux)},{k.split_mode}"
+            + (",pdl]" if self.pdl else "]")
         )
 
-    def build(self):
+    def tir(self):
         return server_kernel().get_tir(**asdict(self.key))
 
 
@@ -249,16 +277,18 @@ class VllmPrenormGemmVariant(_VllmVariant):
     """One compile key of vLLM's pre-norm GEMM as a TileLang variant."""
 
     key: Any  # vLLM's HcPrenormGemmTileLangKernel.CompileKey
+    pdl: bool = False
 
     @property
     def label(self) -> str:
         k = self.key
         form = f"block_m{k.block_m}" if k.use_block_m else f"s{k.n_splits}"
         return (
-            f"vllm.hc_prenorm_gemm[k{k.hidden_size * k.hc_mult},thr{k.n_thr},tile{k.tile_n},{form}]"
+            f"vllm.hc_prenorm_gemm[k{k.hidden_size * k.hc_mult},thr{k.n_thr},tile{k.tile_n},{form}"
+            + (",pdl]" if self.pdl else "]")
         )
 
-    def build(self):
+    def tir(self):
         from vllm.model_executor.kernels.mhc.tilelang_kernels import (
             _HC_PRENORM_GEMM_TILELANG_KERNEL as GEMM,
         )
@@ -277,13 +307,17 @@ class VllmPrenormGemmVariant(_VllmVariant):
 def shipped_variants(
     model: MhcModelConfig, max_num_batched_tokens: int, ccs: tuple[int, ...] = AMPERE_CCS
 ):
-    """What the ``vllm_mhc`` part builds for ``ccs``: the epilogue's warmup keys of each of
-    ``ccs`` (each key once), and the GEMM's keys where one of ``ccs`` runs it (below
-    ``DEEPGEMM_MIN_CC``)."""
-    keys = [k for cc in ccs for k in warmup_keys(model, max_num_batched_tokens, cc)]
-    variants: list = [VllmMhcPreNormVariant(k) for k in dict.fromkeys(keys)]
+    """What the ``vllm_mhc`` part builds for ``ccs``, each variant once: the epilogue's
+    warmup keys of each of ``ccs``, with or without PDL as that GPU elaborates them, and
+    the GEMM's keys where one of ``ccs`` runs it (below ``DEEPGEMM_MIN_CC``, so without
+    PDL)."""
+    variants: list = [
+        VllmMhcPreNormVariant(k, pdl=cc >= PDL_MIN_CC)
+        for cc in ccs
+        for k in warmup_keys(model, max_num_batched_tokens, cc)
+    ]
     if any(cc < DEEPGEMM_MIN_CC for cc in ccs):
         variants += [
             VllmPrenormGemmVariant(k) for k in prenorm_gemm_keys(model, max_num_batched_tokens)
         ]
-    return variants
+    return list(dict.fromkeys(variants))

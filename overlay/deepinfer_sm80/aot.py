@@ -45,9 +45,9 @@ forced on (``DEEPINFER_FORCE=1``), as the end-to-end comparison does. A server t
 starts from an AOT folder as an Ampere server does from the image's, so its start time
 can be measured with the cache. The fit check still holds them to the Ampere budget.
 Such a folder's manifests say ``"hopper_proxy": true``; it is never an Ampere build. Like
-an Ampere folder it builds on a machine without a GPU (vLLM's warmup keys are asked for
-the server's GPU: ``vllm_mhc_aot.sweep_as_on``), with the Python and Triton of the
-servers that will load it.
+an Ampere folder it builds on a machine without a GPU (vLLM's warmup keys are asked for,
+and its kernels elaborated with PDL, as on the server's GPU: ``vllm_mhc_aot``), with the
+Python and Triton of the servers that will load it.
 """
 
 from __future__ import annotations

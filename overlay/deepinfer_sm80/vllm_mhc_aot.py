@@ -207,10 +207,16 @@ class _VllmVariant:
     PDL (``pdl``) elaborates it, built for those GPUs alone; vLLM's CUDA pass configs; and
     its block size."""
 
-    label: str
     pdl: bool
+    kernel: str  # the label's name for vLLM's kernel
+
+    def key_fields(self) -> str: ...
 
     def tir(self): ...
+
+    @property
+    def label(self) -> str:
+        return f"vllm.{self.kernel}[{self.key_fields()}" + (",pdl]" if self.pdl else "]")
 
     def build(self):
         with _elaborated_with_pdl(self.pdl):
@@ -237,14 +243,13 @@ class VllmMhcPreNormVariant(_VllmVariant):
 
     key: Any  # vLLM's MHCPreNormKernel.CompileKey
     pdl: bool = False
+    kernel = "mhc_pre_norm"
 
-    @property
-    def label(self) -> str:
+    def key_fields(self) -> str:
         k = self.key
         return (
-            f"vllm.mhc_pre_norm[numel{k.rms_numel},s{k.n_splits},"
-            f"premix{int(k.use_pre_mix_in)},aux{int(k.write_aux)},{k.split_mode}"
-            + (",pdl]" if self.pdl else "]")
+            f"numel{k.rms_numel},s{k.n_splits},premix{int(k.use_pre_mix_in)},"
+            f"aux{int(k.write_aux)},{k.split_mode}"
         )
 
     def tir(self):
@@ -278,15 +283,12 @@ class VllmPrenormGemmVariant(_VllmVariant):
 
     key: Any  # vLLM's HcPrenormGemmTileLangKernel.CompileKey
     pdl: bool = False
+    kernel = "hc_prenorm_gemm"
 
-    @property
-    def label(self) -> str:
+    def key_fields(self) -> str:
         k = self.key
         form = f"block_m{k.block_m}" if k.use_block_m else f"s{k.n_splits}"
-        return (
-            f"vllm.hc_prenorm_gemm[k{k.hidden_size * k.hc_mult},thr{k.n_thr},tile{k.tile_n},{form}"
-            + (",pdl]" if self.pdl else "]")
-        )
+        return f"k{k.hidden_size * k.hc_mult},thr{k.n_thr},tile{k.tile_n},{form}"
 
     def tir(self):
         from vllm.model_executor.kernels.mhc.tilelang_kernels import (

@@ -18,6 +18,9 @@ VENV_PY := $(VENV_BIN)/python
 STAMP := $(VENV)/.deps-stamp
 PYTHON ?= python3
 PYTEST_ARGS ?=
+# make test runs the CPU tiers on this many processes, each test file whole in one of them
+# (its module fixtures built once). Each holds vLLM and torch: up to about 2 GB of memory.
+TEST_WORKERS ?= 2
 
 # The CPU tiers: kernels under the Triton interpreter, vLLM's kernels as oracles.
 CPU_ENV := TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= DEEPINFER_REQUIRE_VLLM=1
@@ -122,7 +125,8 @@ $(CLI_STAMP): requirements/cli.txt overlay/pyproject.toml
 cli: $(CLI_STAMP)
 
 test: setup
-	$(CPU_ENV) $(VENV_PY) -m pytest -m "not gpu and not image and not e2e" $(PYTEST_ARGS)
+	$(CPU_ENV) $(VENV_PY) -m pytest -m "not gpu and not image and not e2e" \
+		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-image: setup image
 	$(VENV_PY) -m pytest tests/image -m image $(PYTEST_ARGS)

@@ -98,8 +98,15 @@ def pytest_runtest_makereport(item, call):
         if flag and not tier_not_running and not tiers.is_not_applicable(reason):
             report.outcome = "failed"
             report.longrepr = f"{item.nodeid}: skipped, but {flag}=1 requires it: {reason}"
+    # The tiers travel on the report: under pytest-xdist (make test) the workers run the
+    # tests and the controller, which prints the summary, sees only their reports.
+    report.user_properties.append(("tiers", _tiers(item)))
+
+
+def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and not report.passed):
-        _outcomes[item.nodeid] = (_tiers(item), report.outcome)
+        tier_names = dict(report.user_properties).get("tiers", ("plain",))
+        _outcomes[report.nodeid] = (tuple(tier_names), report.outcome)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -2,6 +2,7 @@
 suite with this project's conftest: a skip in a required tier fails, naming the test,
 the flag and the reason; other skips stay skips; the tiers summary says what ran."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -52,18 +53,40 @@ def suite(pytester):
     return pytester
 
 
-def _run(suite, monkeypatch, **flags):
+def _run(suite, monkeypatch, *args, **flags):
     for flag in ("DEEPINFER_REQUIRE_VLLM", "DEEPINFER_REQUIRE_TOOLS", "DEEPINFER_TEST_DEVICE"):
         monkeypatch.delenv(flag, raising=False)
     for flag, value in flags.items():
         monkeypatch.setenv(flag, value)
-    return suite.runpytest_inprocess("-rA")
+    return suite.runpytest_inprocess("-rA", *args)
 
 
 def test_without_flags_skips_stay_skips(suite, monkeypatch):
     result = _run(suite, monkeypatch)
     result.assert_outcomes(skipped=5)
     result.stdout.fnmatch_lines(["*tiers*", "*required: none", "*vllm   DID NOT RUN: 3 skipped"])
+
+
+def test_the_summary_counts_what_pytest_xdist_workers_ran(suite, monkeypatch):
+    """make test runs on two xdist workers: the controller prints the summary from their
+    reports, and a required tier's skip still fails there."""
+    # The workers are new interpreters: they find tools/ through PYTHONPATH.
+    root = str(Path(__file__).resolve().parents[2])
+    paths = (root, os.environ.get("PYTHONPATH"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, paths)))
+    result = _run(suite, monkeypatch, "-n", "2", DEEPINFER_REQUIRE_VLLM="1")
+    result.assert_outcomes(failed=1, skipped=4)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_needs_vllm: skipped, but DEEPINFER_REQUIRE_VLLM=1 requires it*",
+            "*tiers*",
+            "*required: DEEPINFER_REQUIRE_VLLM=1",
+            "*gpu    DID NOT RUN: 1 skipped",
+            "*vllm   ran: 1 failed, 2 skipped",
+            "*tools  DID NOT RUN: 1 skipped",
+            "*plain  DID NOT RUN: 1 skipped",
+        ]
+    )
 
 
 def test_require_vllm_fails_a_skipped_vllm_test_and_names_it(suite, monkeypatch):

@@ -191,16 +191,6 @@ def registered_keys(model: MhcModelConfig, max_num_batched_tokens: int) -> list[
     return list(dict.fromkeys(keys))
 
 
-@contextlib.contextmanager
-def _elaborated_with_pdl(pdl: bool) -> Iterator[None]:
-    """vLLM's mHC kernels elaborate their PDL wait and trigger as a server GPU with (or
-    without) programmatic dependent launch does, whatever this machine is."""
-    from vllm.model_executor.kernels.mhc import tilelang_kernels
-
-    with mock.patch.object(tilelang_kernels, "ENABLE_PDL", pdl):
-        yield
-
-
 class _VllmVariant:
     """What a compile key of one of vLLM's kernels needs besides ``label`` and ``tir`` to
     be a TileLang variant (``tilelang_build``): its TIR as a server GPU with or without
@@ -219,7 +209,11 @@ class _VllmVariant:
         return f"vllm.{self.kernel}[{self.key_fields()}" + (",pdl]" if self.pdl else "]")
 
     def build(self):
-        with _elaborated_with_pdl(self.pdl):
+        # vLLM's kernels read ENABLE_PDL as they elaborate: set it as the server GPU has it,
+        # whatever this machine is.
+        from vllm.model_executor.kernels.mhc import tilelang_kernels
+
+        with mock.patch.object(tilelang_kernels, "ENABLE_PDL", self.pdl):
             return self.tir()
 
     def builds_for(self, cc: int) -> bool:
